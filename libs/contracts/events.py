@@ -1,0 +1,281 @@
+"""Every event of levers9: small, frozen msgspec Structs in one tagged union.
+
+Events are facts in the past tense. Each class names its aggregate and the field that holds the
+aggregate's id; the subject is computed from those (subjects.py). `VERSION` is the schema version of
+the body; bump it only with an upcaster in upcasting.py. Adding a field with a default needs no bump.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar, Union
+
+import msgspec
+
+
+class Event(msgspec.Struct, frozen=True, kw_only=True, tag=True, tag_field="type"):
+    AGGREGATE: ClassVar[str] = ""
+    ID_FIELD: ClassVar[str] = ""
+    VERSION: ClassVar[int] = 1
+    SYSTEM: ClassVar[bool] = False  # platform aggregate: lives in workspace `_sys`
+
+    @property
+    def aggregate_id(self) -> str:
+        return getattr(self, self.ID_FIELD)
+
+    @classmethod
+    def type_name(cls) -> str:
+        return cls.__name__
+
+
+# ---- deployments -------------------------------------------------------------------------------
+
+class DeploymentCreated(Event, frozen=True, kw_only=True):
+    AGGREGATE = "deployment"
+    ID_FIELD = "deployment_id"
+    deployment_id: str
+    name: str
+    version: int = 1
+    kind: str = "endpoint"  # endpoint | asgi | function | task
+    handler: str = ""  # module:function
+    image: str = ""
+    cpu_millicores: int = 1000
+    memory_mib: int = 1024
+    gpu: list[str] = []
+    gpu_count: int = 0
+    keep_warm_seconds: int = 60
+    min_containers: int = 0
+    max_containers: int = 1
+    concurrency: int = 1
+    timeout_seconds: int = 180
+    checkpoint_enabled: bool = False
+    pool: str = "default"
+    env: dict[str, str] = {}
+    secrets: list[str] = []
+
+
+class DeploymentStopped(Event, frozen=True, kw_only=True):
+    AGGREGATE = "deployment"
+    ID_FIELD = "deployment_id"
+    deployment_id: str
+    reason: str = ""
+
+
+# ---- containers --------------------------------------------------------------------------------
+
+class ContainerRequested(Event, frozen=True, kw_only=True):
+    """Version 2: cpu in millicores and memory in MiB (v1 had `cpu` in cores and `memory` in MiB)."""
+    AGGREGATE = "container"
+    ID_FIELD = "container_id"
+    VERSION = 2
+    container_id: str
+    deployment_id: str = ""
+    image: str = ""
+    cpu_millicores: int = 1000
+    memory_mib: int = 1024
+    gpu: list[str] = []  # acceptable GPU types in order of preference; empty: no GPU
+    gpu_count: int = 0
+    pool: str = "default"
+    checkpoint_id: str = ""
+    reason: str = ""
+
+
+class ContainerScheduled(Event, frozen=True, kw_only=True):
+    AGGREGATE = "container"
+    ID_FIELD = "container_id"
+    container_id: str
+    worker_id: str
+    attempt: int = 1
+
+
+class PlacementDeferred(Event, frozen=True, kw_only=True):
+    AGGREGATE = "container"
+    ID_FIELD = "container_id"
+    container_id: str
+    reason: str
+
+
+class ContainerStarted(Event, frozen=True, kw_only=True):
+    AGGREGATE = "container"
+    ID_FIELD = "container_id"
+    container_id: str
+    worker_id: str
+    restored_from: str = ""  # checkpoint id, when restored
+
+
+class ContainerReady(Event, frozen=True, kw_only=True):
+    AGGREGATE = "container"
+    ID_FIELD = "container_id"
+    container_id: str
+    worker_id: str
+    address: str
+
+
+class ContainerStopRequested(Event, frozen=True, kw_only=True):
+    AGGREGATE = "container"
+    ID_FIELD = "container_id"
+    container_id: str
+    reason: str = ""
+
+
+class ContainerStopped(Event, frozen=True, kw_only=True):
+    AGGREGATE = "container"
+    ID_FIELD = "container_id"
+    container_id: str
+    worker_id: str
+    exit_code: int = 0
+    reason: str = ""
+
+
+class ContainerFailed(Event, frozen=True, kw_only=True):
+    AGGREGATE = "container"
+    ID_FIELD = "container_id"
+    container_id: str
+    worker_id: str = ""
+    exit_code: int | None = None
+    reason: str
+
+
+# ---- workers (platform) ------------------------------------------------------------------------
+
+class WorkerProvisioned(Event, frozen=True, kw_only=True):
+    AGGREGATE = "worker"
+    ID_FIELD = "worker_id"
+    SYSTEM = True
+    worker_id: str
+    pool: str = "default"
+    backend: str = "local"
+
+
+class WorkerRegistered(Event, frozen=True, kw_only=True):
+    AGGREGATE = "worker"
+    ID_FIELD = "worker_id"
+    SYSTEM = True
+    worker_id: str
+    pool: str = "default"
+    cpu_millicores: int
+    memory_mib: int
+    gpu_type: str = ""
+    gpu_count: int = 0
+    features: list[str] = []  # runtime features, e.g. "runc", "criu"
+    address: str = ""
+
+
+class WorkerReady(Event, frozen=True, kw_only=True):
+    AGGREGATE = "worker"
+    ID_FIELD = "worker_id"
+    SYSTEM = True
+    worker_id: str
+
+
+class WorkerLost(Event, frozen=True, kw_only=True):
+    AGGREGATE = "worker"
+    ID_FIELD = "worker_id"
+    SYSTEM = True
+    worker_id: str
+    reason: str = ""
+
+
+class WorkerDrained(Event, frozen=True, kw_only=True):
+    AGGREGATE = "worker"
+    ID_FIELD = "worker_id"
+    SYSTEM = True
+    worker_id: str
+
+
+# ---- checkpoints -------------------------------------------------------------------------------
+
+class CheckpointDumped(Event, frozen=True, kw_only=True):
+    AGGREGATE = "checkpoint"
+    ID_FIELD = "checkpoint_id"
+    checkpoint_id: str
+    deployment_id: str
+    deployment_version: int = 1
+    container_id: str = ""
+    worker_id: str
+    accelerator: str = ""
+    runtime: str = "runc"
+    size_bytes: int
+    sha256: str
+    location: str  # where the worker keeps it (node cache URL or path)
+
+
+class CheckpointStored(Event, frozen=True, kw_only=True):
+    AGGREGATE = "checkpoint"
+    ID_FIELD = "checkpoint_id"
+    checkpoint_id: str
+    bucket: str
+    key: str
+    size_bytes: int
+    sha256: str
+
+
+class CheckpointFailed(Event, frozen=True, kw_only=True):
+    AGGREGATE = "checkpoint"
+    ID_FIELD = "checkpoint_id"
+    checkpoint_id: str
+    stage: str  # dump | upload | restore
+    reason: str
+
+
+# ---- images ------------------------------------------------------------------------------------
+
+class ImageBuildRequested(Event, frozen=True, kw_only=True):
+    AGGREGATE = "image"
+    ID_FIELD = "image_id"
+    image_id: str
+    base: str = "debian:bookworm-minbase"
+    python_packages: list[str] = []
+    commands: list[str] = []
+
+
+class ImageBuildStarted(Event, frozen=True, kw_only=True):
+    AGGREGATE = "image"
+    ID_FIELD = "image_id"
+    image_id: str
+    builder: str = ""
+
+
+class ImageBuilt(Event, frozen=True, kw_only=True):
+    AGGREGATE = "image"
+    ID_FIELD = "image_id"
+    image_id: str
+    digest: str
+    location: str
+    size_bytes: int = 0
+
+
+class ImageBuildFailed(Event, frozen=True, kw_only=True):
+    AGGREGATE = "image"
+    ID_FIELD = "image_id"
+    image_id: str
+    reason: str
+
+
+# ---- tokens ------------------------------------------------------------------------------------
+
+class TokenCreated(Event, frozen=True, kw_only=True):
+    """Only the sha256 of the secret is ever in the log."""
+    AGGREGATE = "token"
+    ID_FIELD = "token_id"
+    token_id: str
+    token_sha256: str
+    name: str = ""
+
+
+class TokenRevoked(Event, frozen=True, kw_only=True):
+    AGGREGATE = "token"
+    ID_FIELD = "token_id"
+    token_id: str
+
+
+AnyEvent = Union[
+    DeploymentCreated, DeploymentStopped,
+    ContainerRequested, ContainerScheduled, PlacementDeferred, ContainerStarted, ContainerReady,
+    ContainerStopRequested, ContainerStopped, ContainerFailed,
+    WorkerProvisioned, WorkerRegistered, WorkerReady, WorkerLost, WorkerDrained,
+    CheckpointDumped, CheckpointStored, CheckpointFailed,
+    ImageBuildRequested, ImageBuildStarted, ImageBuilt, ImageBuildFailed,
+    TokenCreated, TokenRevoked,
+]
+
+EVENT_TYPES: dict[str, type[Event]] = {cls.__name__: cls for cls in AnyEvent.__args__}  # type: ignore[attr-defined]

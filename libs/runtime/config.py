@@ -1,0 +1,105 @@
+"""Settings: every setting has one name, `LEVERS9_<NAME>` in the environment and `<name>` in the profile.
+
+Precedence: environment, then the profile (`$LEVERS9_HOME/config.toml`), then the default.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+
+SERVICES = ("gateway", "scheduler", "pool-controller", "checkpoint-store", "image-builder", "worker")
+
+
+def default_home() -> Path:
+    return Path(os.environ.get("LEVERS9_HOME") or Path.home() / ".levers9").expanduser()
+
+
+@dataclass(frozen=True)
+class Settings:
+    home: str = ""
+    # servers; empty means "levers9 up starts its own"
+    nats_url: str = ""
+    database_url: str = ""
+    s3_endpoint: str = ""
+    s3_access_key: str = "levers9"
+    s3_secret_key: str = "levers9-secret"
+    s3_region: str = "us-east-1"
+    # the client profile
+    gateway_url: str = ""
+    token: str = ""
+    # one service process
+    service: str = ""
+    http_host: str = "127.0.0.1"
+    http_port: int = 0
+    worker_id: str = ""
+    worker_pool: str = "default"
+    # consumers
+    max_deliver: int = 5
+    fetch_batch: int = 256
+    # telemetry
+    log_level: str = "INFO"
+    log_format: str = "json"
+    otel_exporter: str = "none"  # none | console
+
+    @classmethod
+    def names(cls) -> list[str]:
+        return [f.name for f in fields(cls)]
+
+    @classmethod
+    def env_names(cls) -> list[str]:
+        return [f"LEVERS9_{n.upper()}" for n in cls.names()]
+
+    @classmethod
+    def load(cls, env: dict[str, str] | None = None, profile: Path | None = None) -> "Settings":
+        env = dict(os.environ if env is None else env)
+        home = Path(env.get("LEVERS9_HOME") or Path.home() / ".levers9").expanduser()
+        profile = profile or home / "config.toml"
+        values: dict[str, object] = {}
+        if profile.exists():
+            with profile.open("rb") as f:
+                data = tomllib.load(f)
+            values.update({k: v for k, v in data.items() if k in cls.names()})
+        for f in fields(cls):
+            raw = env.get(f"LEVERS9_{f.name.upper()}")
+            if raw is not None and raw != "":
+                values[f.name] = int(raw) if f.type in ("int", int) else raw
+        values["home"] = str(home)
+        return cls(**values)  # type: ignore[arg-type]
+
+    def with_(self, **changes: object) -> "Settings":
+        return replace(self, **changes)  # type: ignore[arg-type]
+
+    @property
+    def home_path(self) -> Path:
+        return Path(self.home)
+
+    def as_env(self) -> dict[str, str]:
+        """The settings as LEVERS9_* variables, for a child process."""
+        return {f"LEVERS9_{f.name.upper()}": str(getattr(self, f.name)) for f in fields(self)
+                if getattr(self, f.name) not in ("", 0) or f.name in ("http_port",)}
+
+
+def write_profile(path: Path, values: dict[str, object]) -> None:
+    """Write a flat TOML profile (strings and ints only), keeping keys already there."""
+    current: dict[str, object] = {}
+    if path.exists():
+        with path.open("rb") as f:
+            current = tomllib.load(f)
+    current.update(values)
+    lines = []
+    for key, value in current.items():
+        if isinstance(value, bool) or not isinstance(value, (int, str)):
+            continue
+        lines.append(f"{key} = {value}" if isinstance(value, int) else f'{key} = "{_toml_escape(value)}"')
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text("\n".join(lines) + "\n")
+    tmp.chmod(0o600)
+    tmp.replace(path)
+
+
+def _toml_escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"')

@@ -1,0 +1,290 @@
+"""Consumer loops: the one place that fetches, decodes, retries, acks and dead-letters.
+
+Two kinds, because order and side effects pull in different directions (FACTS, nats.py pitfalls):
+
+- `OrderedConsumer` feeds projections. It starts from the position the projection stored in Postgres
+  (+1) on a fresh consumer, hands batches over in stream order, and retries a failing batch in
+  place with backoff instead of nak-ing it, so a later event can never overtake an earlier one.
+  A crash loses nothing: the next process starts again from the stored position.
+- `WorkConsumer` feeds idempotent reactions (side effects). It is durable, acks explicitly and naks
+  with a growing delay; the server redelivers.
+
+Both: a message that does not decode or validate, or whose handler fails `max_deliver` times, goes
+to LEVERS9_DLQ with its reason. Infrastructure failures (Postgres or NATS down) are not the
+message's fault: they are retried until they pass or the process is asked to stop, never
+dead-lettered. After a NATS restart a pull subscription can go silent (nats.py #504), so a
+subscription that errors or idles too long is re-created.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Awaitable, Callable, Sequence
+
+import asyncpg
+import nats.errors
+import nats.js.errors
+from nats.aio.msg import Msg
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+
+from levers9.contracts import ContractError, Message, decode, subjects
+
+from .bus import Bus
+from .telemetry import BATCH_SECONDS, EVENTS_CONSUMED, consuming_span
+
+log = logging.getLogger("levers9.consumer")
+
+
+@dataclass
+class Delivery:
+    """One message as a handler sees it. `error` set: it is dead-lettered; only record its position."""
+    seq: int
+    subject: str
+    data: bytes
+    headers: dict[str, str]
+    num_delivered: int
+    message: Message | None = None
+    error: str | None = None
+    raw: Msg | None = field(default=None, repr=False)
+
+
+def to_delivery(msg: Msg) -> Delivery:
+    meta = msg.metadata
+    headers = dict(msg.headers or {})
+    d = Delivery(seq=meta.sequence.stream, subject=msg.subject, data=msg.data, headers=headers,
+                 num_delivered=meta.num_delivered, raw=msg)
+    try:
+        d.message = decode(msg.data, msg.subject)
+    except ContractError as exc:
+        d.error = f"invalid message: {exc}"
+    return d
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Failures of the infrastructure rather than of the message: retry, never dead-letter."""
+    return isinstance(exc, (OSError, asyncio.TimeoutError, ConnectionError,
+                            asyncpg.PostgresConnectionError, asyncpg.InterfaceError,
+                            asyncpg.exceptions.CannotConnectNowError,
+                            asyncpg.exceptions.OperatorInterventionError,
+                            asyncpg.exceptions.TooManyConnectionsError,
+                            asyncpg.exceptions.InvalidCachedStatementError,  # a rebuild swapped tables
+                            nats.errors.ConnectionClosedError, nats.errors.TimeoutError,
+                            nats.errors.NoRespondersError))
+
+
+def backoff(attempt: int, base: float = 0.1, cap: float = 5.0) -> float:
+    return min(cap, base * (2 ** max(0, attempt - 1)))
+
+
+_RESUBSCRIBE = (nats.errors.ConnectionClosedError, nats.errors.NoRespondersError, nats.js.errors.APIError,
+                nats.errors.Error, OSError, asyncio.TimeoutError)
+
+
+class OrderedConsumer:
+    def __init__(self, bus: Bus, name: str, filter_subjects: Sequence[str], *,
+                 position: Callable[[], Awaitable[int]],
+                 handle: Callable[[list[Delivery]], Awaitable[None]],
+                 batch: int = 256, max_deliver: int = 5, idle_resubscribe_s: float = 30.0) -> None:
+        self.bus = bus
+        self.name = name
+        # one server-side consumer per process: replicas never delete each other's
+        self.consumer_name = f"{name}-{os.getpid()}-{int(time.time() * 1000) % 100000}"
+        self.filters = list(filter_subjects)
+        self.position = position
+        self.handle = handle
+        self.batch = batch
+        self.max_deliver = max_deliver
+        self.idle_resubscribe_s = idle_resubscribe_s
+        self._sub = None
+
+    async def _subscribe(self) -> None:
+        start = await self.position() + 1
+        js = self.bus.js
+        try:
+            await js.delete_consumer(subjects.STREAM, self.consumer_name)
+        except nats.js.errors.NotFoundError:
+            pass
+        config = ConsumerConfig(
+            name=self.consumer_name, durable_name=self.consumer_name, ack_policy=AckPolicy.EXPLICIT,
+            deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=start, ack_wait=120,
+            max_ack_pending=self.batch * 4, inactive_threshold=300, max_deliver=-1,
+            **({"filter_subject": self.filters[0]} if len(self.filters) == 1 else {"filter_subjects": self.filters}))
+        await js.add_consumer(subjects.STREAM, config)
+        self._sub = await js.pull_subscribe_bind(durable=self.consumer_name, stream=subjects.STREAM)
+        log.info("consumer %s reading from sequence %d", self.name, start)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        idle_since = time.monotonic()
+        failures = 0
+        while not stop.is_set():
+            try:
+                if self._sub is None:
+                    await self._subscribe()
+                    idle_since = time.monotonic()
+                try:
+                    msgs = await self._sub.fetch(self.batch, timeout=1.0)
+                except nats.errors.TimeoutError:
+                    if time.monotonic() - idle_since > self.idle_resubscribe_s:
+                        self._sub = None  # silent for long: re-create in case the server lost it (#504)
+                    continue
+                idle_since = time.monotonic()
+                await self._process([to_delivery(m) for m in msgs], stop)
+                failures = 0
+            except _RESUBSCRIBE as exc:
+                if stop.is_set():
+                    break
+                failures += 1
+                log.warning("consumer %s: %s; re-subscribing", self.name, repr(exc))
+                self._sub = None
+                await _sleep(stop, backoff(failures))
+        await self._unsubscribe()
+
+    async def _unsubscribe(self) -> None:
+        try:
+            await self.bus.js.delete_consumer(subjects.STREAM, self.consumer_name)
+        except Exception:  # server gone or consumer already expired: inactive_threshold cleans up
+            pass
+
+    async def _process(self, deliveries: list[Delivery], stop: asyncio.Event) -> None:
+        if not deliveries:  # a fetch can come back empty
+            return
+        started = time.perf_counter()
+        for d in deliveries:
+            if d.error:
+                await self._dead_letter(d, d.error)
+        if not await self._attempt(deliveries, stop):
+            for d in deliveries:  # isolate the message that keeps failing
+                if not await self._attempt([d], stop):
+                    await self._dead_letter(d, d.error or "handler failed")
+                    await self._until_done([d], stop)  # records its position only
+        for d in deliveries:
+            await d.raw.ack()
+        outcome = {True: "dead_lettered", False: "applied"}
+        for d in deliveries:
+            EVENTS_CONSUMED.labels(self.name, outcome[d.error is not None]).inc()
+        BATCH_SECONDS.labels(self.name).observe(time.perf_counter() - started)
+
+    async def _attempt(self, deliveries: list[Delivery], stop: asyncio.Event) -> bool:
+        """Up to max_deliver tries of the handler; transient failures retry without counting."""
+        attempt = 0
+        while True:
+            try:
+                await self.handle(deliveries)
+                return True
+            except Exception as exc:  # noqa: BLE001 - the handler is user-level code
+                if is_transient(exc):
+                    log.warning("consumer %s: transient failure, retrying: %s", self.name, exc)
+                    if stop.is_set():
+                        raise asyncio.CancelledError("stopping with a batch unapplied") from exc
+                    await asyncio.sleep(backoff(3))
+                    continue
+                attempt += 1
+                if len(deliveries) == 1:
+                    deliveries[0].error = f"handler failed {attempt} times: {type(exc).__name__}: {exc}"
+                log.warning("consumer %s: attempt %d failed: %s", self.name, attempt, exc)
+                if attempt >= self.max_deliver:
+                    return False
+                await asyncio.sleep(backoff(attempt))
+
+    async def _until_done(self, deliveries: list[Delivery], stop: asyncio.Event) -> None:
+        if not await self._attempt(deliveries, stop):
+            raise RuntimeError(f"consumer {self.name} cannot record the position of a dead letter")
+
+    async def _dead_letter(self, d: Delivery, reason: str) -> None:
+        d.error = reason
+        await self.bus.dead_letter(subject=d.subject, payload=d.data, consumer=self.name, reason=reason,
+                                   stream_seq=d.seq, headers=d.headers)
+
+
+class WorkConsumer:
+    """A durable consumer for idempotent reactions: ack, nak with backoff, dead-letter at max_deliver."""
+
+    def __init__(self, bus: Bus, durable: str, filter_subjects: Sequence[str], *,
+                 handle: Callable[[Delivery], Awaitable[None]], max_deliver: int = 5, batch: int = 16,
+                 ack_wait: float = 30.0, deliver_new: bool = False, idle_resubscribe_s: float = 30.0) -> None:
+        self.bus = bus
+        self.durable = durable
+        self.filters = list(filter_subjects)
+        self.handle = handle
+        self.max_deliver = max_deliver
+        self.batch = batch
+        self.ack_wait = ack_wait
+        self.deliver_policy = DeliverPolicy.NEW if deliver_new else DeliverPolicy.ALL
+        self.idle_resubscribe_s = idle_resubscribe_s
+        self._sub = None
+
+    async def _subscribe(self) -> None:
+        js = self.bus.js
+        try:
+            await js.consumer_info(subjects.STREAM, self.durable)
+        except nats.js.errors.NotFoundError:
+            config = ConsumerConfig(
+                durable_name=self.durable, ack_policy=AckPolicy.EXPLICIT, deliver_policy=self.deliver_policy,
+                ack_wait=self.ack_wait, max_deliver=-1, max_ack_pending=max(self.batch * 4, 64),
+                **({"filter_subject": self.filters[0]} if len(self.filters) == 1
+                   else {"filter_subjects": self.filters}))
+            await js.add_consumer(subjects.STREAM, config)
+        self._sub = await js.pull_subscribe_bind(durable=self.durable, stream=subjects.STREAM)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        idle_since = time.monotonic()
+        failures = 0
+        while not stop.is_set():
+            try:
+                if self._sub is None:
+                    await self._subscribe()
+                    idle_since = time.monotonic()
+                try:
+                    msgs = await self._sub.fetch(self.batch, timeout=1.0)
+                except nats.errors.TimeoutError:
+                    if time.monotonic() - idle_since > self.idle_resubscribe_s:
+                        self._sub = None
+                    continue
+                idle_since = time.monotonic()
+                for m in msgs:  # one at a time: finish the message in hand before stopping
+                    await self._one(to_delivery(m))
+                failures = 0
+            except _RESUBSCRIBE as exc:
+                if stop.is_set():
+                    break
+                failures += 1
+                log.warning("consumer %s: %s; re-subscribing", self.durable, repr(exc))
+                self._sub = None
+                await _sleep(stop, backoff(failures))
+
+    async def _one(self, d: Delivery) -> None:
+        if d.error:
+            await self.bus.dead_letter(subject=d.subject, payload=d.data, consumer=self.durable, reason=d.error,
+                                       stream_seq=d.seq, headers=d.headers)
+            await d.raw.term()
+            EVENTS_CONSUMED.labels(self.durable, "dead_lettered").inc()
+            return
+        env = d.message.envelope
+        try:
+            with consuming_span(f"handle {env.type}", d.headers, env.correlation_id):
+                await self.handle(d)
+        except Exception as exc:  # noqa: BLE001
+            if not is_transient(exc) and d.num_delivered >= self.max_deliver:
+                reason = f"handler failed {d.num_delivered} times: {type(exc).__name__}: {exc}"
+                await self.bus.dead_letter(subject=d.subject, payload=d.data, consumer=self.durable,
+                                           reason=reason, stream_seq=d.seq, headers=d.headers)
+                await d.raw.term()
+                EVENTS_CONSUMED.labels(self.durable, "dead_lettered").inc()
+                return
+            log.warning("consumer %s: delivery %d of seq %d failed: %s", self.durable, d.num_delivered, d.seq, exc)
+            await d.raw.nak(delay=backoff(d.num_delivered, base=0.2, cap=15))
+            EVENTS_CONSUMED.labels(self.durable, "nak").inc()
+            return
+        await d.raw.ack()
+        EVENTS_CONSUMED.labels(self.durable, "handled").inc()
+
+
+async def _sleep(stop: asyncio.Event, seconds: float) -> None:
+    try:
+        await asyncio.wait_for(stop.wait(), timeout=seconds)
+    except asyncio.TimeoutError:
+        pass

@@ -1,0 +1,175 @@
+"""The shell every service process shares: connect, set up its schema, run its consumers and its
+HTTP endpoints (/healthz, /metrics), and stop gracefully on SIGTERM.
+
+A service subclasses `Service`, lists its projections and reactions, and adds routes if it has any.
+Graceful stop: the consumers finish the batch or message in hand, the HTTP server stops, NATS is
+drained, and the process exits 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import time
+from typing import Any, Awaitable, Callable, Sequence
+
+import asyncpg
+import uvicorn
+from fastapi import FastAPI, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from tenacity import AsyncRetrying, stop_after_delay, wait_exponential
+
+from .bus import Bus
+from .config import Settings
+from .consumer import Delivery, OrderedConsumer, WorkConsumer
+from .projection import Projection, ProjectionStore, schema_for
+from .telemetry import consuming_span, setup_logging, setup_tracing
+
+log = logging.getLogger("levers9.service")
+
+
+class _Server(uvicorn.Server):
+    @contextlib.contextmanager
+    def capture_signals(self):  # the service owns SIGTERM; uvicorn must not swallow it
+        yield
+
+
+class Service:
+    name: str = ""
+    projections: Sequence[Projection] = ()
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.bus: Bus | None = None
+        self.pool: asyncpg.Pool | None = None
+        self.store: ProjectionStore | None = None
+        self.stop = asyncio.Event()
+        self.started_at = time.time()
+        self.schema = schema_for(self.name)
+
+    # ---- hooks for subclasses ------------------------------------------------------------------
+
+    def reactions(self) -> list[WorkConsumer]:
+        """Durable consumers with side effects; none by default."""
+        return []
+
+    def background(self) -> list[Callable[[asyncio.Event], Awaitable[None]]]:
+        """Loops that run beside the consumers (heartbeats, timers); each gets the stop event."""
+        return []
+
+    def routes(self, app: FastAPI) -> None:
+        """Extra HTTP routes."""
+
+    async def on_start(self) -> None:
+        """After connecting and setting up the schema, before consuming."""
+
+    async def on_stop(self) -> None:
+        """After the consumers stopped, before disconnecting."""
+
+    async def health_detail(self) -> dict[str, Any]:
+        return {}
+
+    # ---- wiring --------------------------------------------------------------------------------
+
+    async def connect(self) -> None:
+        s = self.settings
+        if not s.nats_url or not s.database_url:
+            raise SystemExit(f"levers9 {self.name}: LEVERS9_NATS_URL and LEVERS9_DATABASE_URL must be set "
+                             "(or run `levers9 up`, which sets them)")
+        async for attempt in AsyncRetrying(stop=stop_after_delay(30), wait=wait_exponential(0.2, max=3),
+                                           reraise=True):
+            with attempt:
+                self.bus = await Bus.connect(s.nats_url, name=f"levers9-{self.name}")
+        await self.bus.ensure_topology()
+        async for attempt in AsyncRetrying(stop=stop_after_delay(30), wait=wait_exponential(0.2, max=3),
+                                           reraise=True):
+            with attempt:
+                self.pool = await asyncpg.create_pool(s.database_url, min_size=1, max_size=8)
+        self.store = ProjectionStore(self.pool, self.schema, self.projections)
+        await self.store.setup()
+
+    def ordered_consumers(self) -> list[OrderedConsumer]:
+        out = []
+        for p in self.projections:
+            async def position(p: Projection = p) -> int:
+                return await self.store.position(p)
+
+            async def handle(batch: list[Delivery], p: Projection = p) -> None:
+                await self.apply(p, batch)
+
+            out.append(OrderedConsumer(self.bus, f"{self.schema}-{p.name}", p.filter_subjects, position=position,
+                                       handle=handle, batch=self.settings.fetch_batch,
+                                       max_deliver=self.settings.max_deliver))
+        return out
+
+    async def apply(self, p: Projection, batch: list[Delivery]) -> None:
+        """Apply a batch to a projection inside a span that continues the publisher's trace."""
+        last = batch[-1]
+        cid = last.message.envelope.correlation_id if last.message else ""
+        with consuming_span(f"project {p.name}", last.headers, cid):
+            await self.store.apply_batch(p, batch)
+
+    def app(self) -> FastAPI:
+        app = FastAPI(title=f"levers9 {self.name}", version="0.1.0")
+
+        @app.get("/healthz")
+        async def healthz(response: Response) -> dict[str, Any]:
+            checks = await self.checks()
+            ok = all(v == "ok" for v in checks.values())
+            response.status_code = 200 if ok else 503
+            return {"service": self.name, "healthy": ok, "checks": checks,
+                    "uptime_s": round(time.time() - self.started_at, 1), **(await self.health_detail())}
+
+        @app.get("/metrics")
+        async def metrics() -> Response:
+            return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
+
+        self.routes(app)
+        return app
+
+    async def checks(self) -> dict[str, str]:
+        out = {"nats": "ok" if self.bus and self.bus.nc.is_connected else "disconnected"}
+        try:
+            await asyncio.wait_for(self.pool.fetchval("SELECT 1"), timeout=2)
+            out["postgres"] = "ok"
+        except Exception as exc:  # noqa: BLE001 - health reports, never raises
+            out["postgres"] = f"error: {exc}"
+        if self.stop.is_set():
+            out["lifecycle"] = "stopping"
+        return out
+
+    async def run(self) -> None:
+        s = self.settings
+        setup_logging(self.name, s.log_level, s.log_format)
+        setup_tracing(self.name, s.otel_exporter)
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self.stop.set)
+        await self.connect()
+        await self.on_start()
+        server = _Server(uvicorn.Config(self.app(), host=s.http_host, port=s.http_port, log_config=None,
+                                        access_log=False, lifespan="off"))
+        server_task = asyncio.create_task(server.serve(), name="http")
+        loops = [c.run for c in self.ordered_consumers()] + [c.run for c in self.reactions()] + self.background()
+        tasks = [asyncio.create_task(fn(self.stop)) for fn in loops]
+        log.info("%s started on %s:%s", self.name, s.http_host, s.http_port)
+        stop_wait = asyncio.create_task(self.stop.wait())
+        done, _ = await asyncio.wait([stop_wait, server_task, *tasks], return_when=asyncio.FIRST_COMPLETED)
+        failed = [t for t in done if t is not stop_wait and t.exception()]
+        for t in failed:
+            log.error("%s: task %s died: %r", self.name, t.get_name(), t.exception())
+        self.stop.set()
+        log.info("%s stopping: finishing the work in hand", self.name)
+        if tasks:
+            await asyncio.wait(tasks, timeout=20)
+        server.should_exit = True
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(server_task, timeout=5)
+        await self.on_stop()
+        await self.bus.close()
+        await self.pool.close()
+        log.info("%s stopped", self.name)
+        if failed:
+            raise SystemExit(1)

@@ -1,0 +1,108 @@
+"""Structured logs that carry the correlation id, OpenTelemetry tracing through message headers,
+and the Prometheus metrics every process exposes."""
+
+from __future__ import annotations
+
+import contextvars
+import json
+import logging
+import sys
+import time
+from contextlib import contextmanager
+from typing import Iterator, Mapping
+
+from opentelemetry import propagate, trace
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
+from prometheus_client import Counter, Gauge, Histogram
+
+correlation_id: contextvars.ContextVar[str] = contextvars.ContextVar("correlation_id", default="")
+
+EVENTS_PUBLISHED = Counter("levers9_events_published_total", "Events appended to the log", ["type"])
+EVENTS_CONSUMED = Counter("levers9_events_consumed_total", "Messages handled by a consumer",
+                          ["consumer", "outcome"])
+DEAD_LETTERS = Counter("levers9_dead_letters_total", "Messages sent to LEVERS9_DLQ", ["consumer"])
+CONFLICTS = Counter("levers9_append_conflicts_total", "Optimistic-concurrency conflicts on append", ["type"])
+PROJECTION_POSITION = Gauge("levers9_projection_position", "Last stream sequence applied", ["projection"])
+BATCH_SECONDS = Histogram("levers9_consumer_batch_seconds", "Time to handle one fetched batch", ["consumer"])
+
+
+class JsonFormatter(logging.Formatter):
+    def __init__(self, service: str) -> None:
+        super().__init__()
+        self.service = service
+
+    def format(self, record: logging.LogRecord) -> str:
+        doc = {
+            "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z",
+            "level": record.levelname.lower(),
+            "service": self.service,
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        cid = getattr(record, "correlation_id", None) or correlation_id.get()
+        if cid:
+            doc["correlation_id"] = cid
+        span = trace.get_current_span().get_span_context()
+        if span.is_valid:
+            doc["trace_id"] = f"{span.trace_id:032x}"
+        for key, value in getattr(record, "fields", {}).items():
+            doc[key] = value
+        if record.exc_info:
+            doc["exc"] = self.formatException(record.exc_info)
+        return json.dumps(doc, default=str)
+
+
+def setup_logging(service: str, level: str = "INFO", fmt: str = "json") -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    if fmt == "json":
+        handler.setFormatter(JsonFormatter(service))
+    else:
+        handler.setFormatter(logging.Formatter(f"%(asctime)s {service} %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+    for noisy in ("nats", "asyncio", "uvicorn.access", "botocore", "aiobotocore"):
+        logging.getLogger(noisy).setLevel("WARNING")
+
+
+_configured = False
+
+
+def setup_tracing(service: str, exporter: str = "none") -> None:
+    """A real SDK tracer provider; spans are exported only when asked (console), but trace context
+    always propagates so one trace spans gateway -> scheduler -> worker."""
+    global _configured
+    if _configured:
+        return
+    provider = TracerProvider(resource=Resource.create({"service.name": f"levers9-{service}"}))
+    if exporter == "console":
+        provider.add_span_processor(BatchSpanProcessor(ConsoleSpanExporter(out=sys.stderr)))
+    trace.set_tracer_provider(provider)
+    _configured = True
+
+
+tracer = trace.get_tracer("levers9")
+
+
+def inject(headers: dict[str, str]) -> dict[str, str]:
+    propagate.inject(headers)
+    return headers
+
+
+@contextmanager
+def consuming_span(name: str, headers: Mapping[str, str] | None, cid: str) -> Iterator[None]:
+    """Continue the publisher's trace and bind the correlation id for logs while handling."""
+    ctx = propagate.extract(dict(headers or {}))
+    token = correlation_id.set(cid)
+    try:
+        with tracer.start_as_current_span(name, context=ctx, kind=trace.SpanKind.CONSUMER) as span:
+            span.set_attribute("levers9.correlation_id", cid)
+            yield
+    finally:
+        correlation_id.reset(token)
+
+
+def log(logger: logging.Logger, level: int, msg: str, **fields: object) -> None:
+    logger.log(level, msg, extra={"fields": fields})

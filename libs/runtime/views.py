@@ -1,0 +1,234 @@
+"""Read models several services keep, each in its own schema: the code is shared, the tables are not.
+
+Every row carries `version` (the number of events of its aggregate applied to it), which makes a
+double apply visible: it would be one more than the number of events in the log.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import asyncpg
+
+from levers9.contracts import Message
+from levers9.contracts import events as E
+
+from .projection import Projection
+
+
+def occurred(msg: Message) -> dt.datetime:
+    return dt.datetime.fromisoformat(msg.envelope.occurred_at.replace("Z", "+00:00"))
+
+
+CONTAINER_STATUS = {
+    "ContainerRequested": "requested", "ContainerScheduled": "scheduled", "PlacementDeferred": "pending",
+    "ContainerStarted": "starting", "ContainerReady": "ready", "ContainerStopRequested": "stopping",
+    "ContainerStopped": "stopped", "ContainerFailed": "failed",
+}
+
+
+class ContainersView(Projection):
+    name = "containers"
+    filter_subjects = ("levers9.*.container.>",)
+    tables = ("containers",)
+
+    def ddl(self, schema: str) -> list[str]:
+        return [f"""CREATE TABLE IF NOT EXISTS {schema}.containers (
+            workspace text NOT NULL, container_id text NOT NULL, deployment_id text NOT NULL DEFAULT '',
+            status text NOT NULL, worker_id text NOT NULL DEFAULT '', address text NOT NULL DEFAULT '',
+            cpu_millicores int NOT NULL DEFAULT 0, memory_mib int NOT NULL DEFAULT 0,
+            gpu text[] NOT NULL DEFAULT '{{}}', gpu_count int NOT NULL DEFAULT 0, pool text NOT NULL DEFAULT '',
+            checkpoint_id text NOT NULL DEFAULT '', reason text NOT NULL DEFAULT '',
+            exit_code int, requested_at timestamptz, updated_at timestamptz NOT NULL,
+            correlation_id text NOT NULL, version int NOT NULL DEFAULT 0,
+            PRIMARY KEY (workspace, container_id))""",
+                f"CREATE INDEX IF NOT EXISTS containers_status ON {schema}.containers (status)"]
+
+    async def apply(self, conn: asyncpg.Connection, schema: str, msg: Message, seq: int) -> None:
+        ev, env, at = msg.event, msg.envelope, occurred(msg)
+        status = CONTAINER_STATUS.get(env.type)
+        if status is None:
+            return
+        if isinstance(ev, E.ContainerRequested):
+            await conn.execute(
+                f"""INSERT INTO {schema}.containers (workspace, container_id, deployment_id, status, cpu_millicores,
+                    memory_mib, gpu, gpu_count, pool, checkpoint_id, requested_at, updated_at, correlation_id, version)
+                    VALUES ($1,$2,$3,'requested',$4,$5,$6,$7,$8,$9,$10,$10,$11,1)
+                    ON CONFLICT (workspace, container_id) DO UPDATE SET status='requested', worker_id='',
+                    address='', reason='', exit_code=NULL, deployment_id=EXCLUDED.deployment_id,
+                    cpu_millicores=EXCLUDED.cpu_millicores, memory_mib=EXCLUDED.memory_mib, gpu=EXCLUDED.gpu,
+                    gpu_count=EXCLUDED.gpu_count, pool=EXCLUDED.pool, checkpoint_id=EXCLUDED.checkpoint_id,
+                    requested_at=COALESCE({schema}.containers.requested_at, EXCLUDED.requested_at),
+                    updated_at=EXCLUDED.updated_at, correlation_id=EXCLUDED.correlation_id,
+                    version={schema}.containers.version + 1""",
+                env.workspace, ev.container_id, ev.deployment_id, ev.cpu_millicores, ev.memory_mib, list(ev.gpu),
+                ev.gpu_count, ev.pool, ev.checkpoint_id, at, env.correlation_id)
+            return
+        await conn.execute(
+            f"""INSERT INTO {schema}.containers (workspace, container_id, status, updated_at, correlation_id, version)
+                VALUES ($1, $2, $3, $4, $5, 1)
+                ON CONFLICT (workspace, container_id) DO UPDATE SET status = $3, updated_at = $4,
+                version = {schema}.containers.version + 1""",
+            env.workspace, ev.container_id, status, at, env.correlation_id)
+        worker = getattr(ev, "worker_id", "")
+        address = getattr(ev, "address", "")
+        reason = getattr(ev, "reason", "")
+        exit_code = getattr(ev, "exit_code", None)
+        await conn.execute(
+            f"""UPDATE {schema}.containers SET worker_id = CASE WHEN $3 <> '' THEN $3 ELSE worker_id END,
+                address = CASE WHEN $4 <> '' THEN $4 ELSE address END,
+                reason = CASE WHEN $5 <> '' THEN $5 ELSE reason END, exit_code = COALESCE($6, exit_code)
+                WHERE workspace = $1 AND container_id = $2""",
+            env.workspace, ev.container_id, worker, address, reason, exit_code)
+
+
+WORKER_STATUS = {"WorkerProvisioned": "provisioning", "WorkerRegistered": "registered", "WorkerReady": "ready",
+                 "WorkerLost": "lost", "WorkerDrained": "drained"}
+
+
+class WorkersView(Projection):
+    name = "workers"
+    filter_subjects = ("levers9._sys.worker.>",)
+    tables = ("workers",)
+
+    def ddl(self, schema: str) -> list[str]:
+        return [f"""CREATE TABLE IF NOT EXISTS {schema}.workers (
+            worker_id text PRIMARY KEY, pool text NOT NULL DEFAULT '', status text NOT NULL,
+            cpu_millicores int NOT NULL DEFAULT 0, memory_mib int NOT NULL DEFAULT 0,
+            gpu_type text NOT NULL DEFAULT '', gpu_count int NOT NULL DEFAULT 0,
+            features text[] NOT NULL DEFAULT '{{}}', address text NOT NULL DEFAULT '',
+            backend text NOT NULL DEFAULT '', updated_at timestamptz NOT NULL, version int NOT NULL DEFAULT 0)"""]
+
+    async def apply(self, conn: asyncpg.Connection, schema: str, msg: Message, seq: int) -> None:
+        ev, at = msg.event, occurred(msg)
+        status = WORKER_STATUS.get(msg.envelope.type)
+        if status is None:
+            return
+        await conn.execute(
+            f"""INSERT INTO {schema}.workers (worker_id, status, updated_at, version) VALUES ($1, $2, $3, 1)
+                ON CONFLICT (worker_id) DO UPDATE SET status = $2, updated_at = $3,
+                version = {schema}.workers.version + 1""", ev.worker_id, status, at)
+        if isinstance(ev, E.WorkerRegistered):
+            await conn.execute(
+                f"""UPDATE {schema}.workers SET pool=$2, cpu_millicores=$3, memory_mib=$4, gpu_type=$5,
+                    gpu_count=$6, features=$7, address=$8 WHERE worker_id=$1""",
+                ev.worker_id, ev.pool, ev.cpu_millicores, ev.memory_mib, ev.gpu_type, ev.gpu_count,
+                list(ev.features), ev.address)
+        elif isinstance(ev, E.WorkerProvisioned):
+            await conn.execute(f"UPDATE {schema}.workers SET pool=$2, backend=$3 WHERE worker_id=$1",
+                               ev.worker_id, ev.pool, ev.backend)
+
+
+class TokensView(Projection):
+    """Workspace tokens by sha256 of the secret; the secret itself is never stored."""
+    name = "tokens"
+    filter_subjects = ("levers9.*.token.>",)
+    tables = ("tokens",)
+
+    def ddl(self, schema: str) -> list[str]:
+        return [f"""CREATE TABLE IF NOT EXISTS {schema}.tokens (
+            token_id text PRIMARY KEY, workspace text NOT NULL, token_sha256 text NOT NULL, name text NOT NULL,
+            revoked boolean NOT NULL DEFAULT false, created_at timestamptz NOT NULL)""",
+                f"CREATE INDEX IF NOT EXISTS tokens_sha ON {schema}.tokens (token_sha256)"]
+
+    async def apply(self, conn: asyncpg.Connection, schema: str, msg: Message, seq: int) -> None:
+        ev = msg.event
+        if isinstance(ev, E.TokenCreated):
+            await conn.execute(
+                f"""INSERT INTO {schema}.tokens (token_id, workspace, token_sha256, name, created_at)
+                    VALUES ($1,$2,$3,$4,$5) ON CONFLICT (token_id) DO NOTHING""",
+                ev.token_id, msg.envelope.workspace, ev.token_sha256, ev.name, occurred(msg))
+        elif isinstance(ev, E.TokenRevoked):
+            await conn.execute(f"UPDATE {schema}.tokens SET revoked = true WHERE token_id = $1", ev.token_id)
+
+
+class DeploymentsView(Projection):
+    name = "deployments"
+    filter_subjects = ("levers9.*.deployment.>",)
+    tables = ("deployments",)
+
+    def ddl(self, schema: str) -> list[str]:
+        return [f"""CREATE TABLE IF NOT EXISTS {schema}.deployments (
+            workspace text NOT NULL, deployment_id text NOT NULL, name text NOT NULL, version int NOT NULL,
+            spec jsonb NOT NULL, status text NOT NULL, created_at timestamptz NOT NULL,
+            PRIMARY KEY (workspace, deployment_id))"""]
+
+    async def apply(self, conn: asyncpg.Connection, schema: str, msg: Message, seq: int) -> None:
+        ev = msg.event
+        if isinstance(ev, E.DeploymentCreated):
+            await conn.execute(
+                f"""INSERT INTO {schema}.deployments (workspace, deployment_id, name, version, spec, status,
+                    created_at) VALUES ($1,$2,$3,$4,$5,'active',$6) ON CONFLICT DO NOTHING""",
+                msg.envelope.workspace, ev.deployment_id, ev.name, ev.version, bytes(msg.envelope.data).decode(),
+                occurred(msg))
+        elif isinstance(ev, E.DeploymentStopped):
+            await conn.execute(f"UPDATE {schema}.deployments SET status='stopped' WHERE workspace=$1 AND "
+                               "deployment_id=$2", msg.envelope.workspace, ev.deployment_id)
+
+
+CHECKPOINT_STATUS = {"CheckpointDumped": "dumped", "CheckpointStored": "available",
+                     "CheckpointFailed": "checkpoint_failed"}
+
+
+class CheckpointsView(Projection):
+    name = "checkpoints"
+    filter_subjects = ("levers9.*.checkpoint.>",)
+    tables = ("checkpoints",)
+
+    def ddl(self, schema: str) -> list[str]:
+        return [f"""CREATE TABLE IF NOT EXISTS {schema}.checkpoints (
+            workspace text NOT NULL, checkpoint_id text NOT NULL, deployment_id text NOT NULL DEFAULT '',
+            status text NOT NULL, size_bytes bigint NOT NULL DEFAULT 0, sha256 text NOT NULL DEFAULT '',
+            location text NOT NULL DEFAULT '', reason text NOT NULL DEFAULT '', updated_at timestamptz NOT NULL,
+            version int NOT NULL DEFAULT 0, PRIMARY KEY (workspace, checkpoint_id))"""]
+
+    async def apply(self, conn: asyncpg.Connection, schema: str, msg: Message, seq: int) -> None:
+        ev, env = msg.event, msg.envelope
+        status = CHECKPOINT_STATUS.get(env.type)
+        if status is None:
+            return
+        if isinstance(ev, E.CheckpointFailed) and ev.stage == "restore":
+            status = "restore_failed"
+        location = getattr(ev, "location", "") or (f"s3://{ev.bucket}/{ev.key}" if isinstance(ev, E.CheckpointStored)
+                                                    else "")
+        await conn.execute(
+            f"""INSERT INTO {schema}.checkpoints (workspace, checkpoint_id, deployment_id, status, size_bytes,
+                sha256, location, reason, updated_at, version) VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,1)
+                ON CONFLICT (workspace, checkpoint_id) DO UPDATE SET status=$4,
+                size_bytes=GREATEST({schema}.checkpoints.size_bytes, $5),
+                sha256=CASE WHEN $6 <> '' THEN $6 ELSE {schema}.checkpoints.sha256 END,
+                location=CASE WHEN $7 <> '' THEN $7 ELSE {schema}.checkpoints.location END, reason=$8,
+                updated_at=$9, version={schema}.checkpoints.version + 1""",
+            env.workspace, ev.checkpoint_id, getattr(ev, "deployment_id", ""), status,
+            getattr(ev, "size_bytes", 0), getattr(ev, "sha256", ""), location, getattr(ev, "reason", ""),
+            occurred(msg))
+
+
+BUILD_STATUS = {"ImageBuildRequested": "requested", "ImageBuildStarted": "building", "ImageBuilt": "built",
+                "ImageBuildFailed": "failed"}
+
+
+class ImageBuildsView(Projection):
+    name = "builds"
+    filter_subjects = ("levers9.*.image.>",)
+    tables = ("builds",)
+
+    def ddl(self, schema: str) -> list[str]:
+        return [f"""CREATE TABLE IF NOT EXISTS {schema}.builds (
+            workspace text NOT NULL, image_id text NOT NULL, status text NOT NULL,
+            digest text NOT NULL DEFAULT '', location text NOT NULL DEFAULT '', reason text NOT NULL DEFAULT '',
+            updated_at timestamptz NOT NULL, version int NOT NULL DEFAULT 0, PRIMARY KEY (workspace, image_id))"""]
+
+    async def apply(self, conn: asyncpg.Connection, schema: str, msg: Message, seq: int) -> None:
+        ev, env = msg.event, msg.envelope
+        status = BUILD_STATUS.get(env.type)
+        if status is None:
+            return
+        await conn.execute(
+            f"""INSERT INTO {schema}.builds (workspace, image_id, status, digest, location, reason, updated_at,
+                version) VALUES ($1,$2,$3,$4,$5,$6,$7,1) ON CONFLICT (workspace, image_id) DO UPDATE SET
+                status=$3, digest=CASE WHEN $4 <> '' THEN $4 ELSE {schema}.builds.digest END,
+                location=CASE WHEN $5 <> '' THEN $5 ELSE {schema}.builds.location END, reason=$6,
+                updated_at=$7, version={schema}.builds.version + 1""",
+            env.workspace, ev.image_id, status, getattr(ev, "digest", ""), getattr(ev, "location", ""),
+            getattr(ev, "reason", ""), occurred(msg))

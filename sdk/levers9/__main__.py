@@ -1,0 +1,3 @@
+from levers9.cli import main
+
+main()
