@@ -99,7 +99,7 @@ def decode(payload: bytes, subject: str | None = None) -> Message:
         env = _envelope_decoder.decode(payload)
     except msgspec.DecodeError as exc:
         raise ContractError(f"envelope does not decode: {exc}") from None
-    if not UUID_RE.match(env.id):
+    if not UUID_RE.fullmatch(env.id):
         raise ContractError(f"envelope id {env.id!r} is not a lowercase UUID")
     cls = EVENT_TYPES.get(env.type)
     if cls is None:

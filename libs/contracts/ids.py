@@ -50,7 +50,7 @@ def uuid7_time_ms(value: str) -> int:
 
 
 def is_workspace(name: str, allow_system: bool = True) -> bool:
-    return bool(WORKSPACE_RE.match(name)) or (allow_system and name == SYSTEM_WORKSPACE)
+    return bool(WORKSPACE_RE.fullmatch(name)) or (allow_system and name == SYSTEM_WORKSPACE)
 
 
 def check_workspace(name: str, allow_system: bool = True) -> str:
@@ -62,7 +62,7 @@ def check_workspace(name: str, allow_system: bool = True) -> str:
 
 
 def check_id(value: str, what: str = "id") -> str:
-    if not isinstance(value, str) or not ID_RE.match(value):
+    if not isinstance(value, str) or not ID_RE.fullmatch(value):
         raise InvalidName(
             f"{what} {value!r} is not valid: use 1-128 letters, digits, '_' or '-', "
             "starting with a letter or digit (no dots, wildcards or spaces)")

@@ -156,11 +156,13 @@ class OrderedConsumer:
         for d in deliveries:
             if d.error:
                 await self._dead_letter(d, d.error)
-        if not await self._attempt(deliveries, stop):
+        if await self._attempt(deliveries, stop) is not None:
             for d in deliveries:  # isolate the message that keeps failing
-                if not await self._attempt([d], stop):
-                    await self._dead_letter(d, d.error or "handler failed")
-                    await self._until_done([d], stop)  # records its position only
+                failure = await self._attempt([d], stop)
+                if failure is not None:
+                    await self._dead_letter(d, failure)
+                    if await self._attempt([d], stop) is not None:  # now only records its position
+                        raise RuntimeError(f"consumer {self.name} cannot record the position of a dead letter")
         for d in deliveries:
             await d.raw.ack()
         outcome = {True: "dead_lettered", False: "applied"}
@@ -168,13 +170,14 @@ class OrderedConsumer:
             EVENTS_CONSUMED.labels(self.name, outcome[d.error is not None]).inc()
         BATCH_SECONDS.labels(self.name).observe(time.perf_counter() - started)
 
-    async def _attempt(self, deliveries: list[Delivery], stop: asyncio.Event) -> bool:
-        """Up to max_deliver tries of the handler; transient failures retry without counting."""
+    async def _attempt(self, deliveries: list[Delivery], stop: asyncio.Event) -> str | None:
+        """Up to max_deliver tries of the handler; None on success, else why it failed.
+        Transient failures are retried without counting, until they pass or we are stopped."""
         attempt = 0
         while True:
             try:
                 await self.handle(deliveries)
-                return True
+                return None
             except Exception as exc:  # noqa: BLE001 - the handler is user-level code
                 if is_transient(exc):
                     log.warning("consumer %s: transient failure, retrying: %s", self.name, exc)
@@ -183,16 +186,10 @@ class OrderedConsumer:
                     await asyncio.sleep(backoff(3))
                     continue
                 attempt += 1
-                if len(deliveries) == 1:
-                    deliveries[0].error = f"handler failed {attempt} times: {type(exc).__name__}: {exc}"
                 log.warning("consumer %s: attempt %d failed: %s", self.name, attempt, exc)
                 if attempt >= self.max_deliver:
-                    return False
+                    return f"handler failed {attempt} times: {type(exc).__name__}: {exc}"
                 await asyncio.sleep(backoff(attempt))
-
-    async def _until_done(self, deliveries: list[Delivery], stop: asyncio.Event) -> None:
-        if not await self._attempt(deliveries, stop):
-            raise RuntimeError(f"consumer {self.name} cannot record the position of a dead letter")
 
     async def _dead_letter(self, d: Delivery, reason: str) -> None:
         d.error = reason

@@ -24,7 +24,7 @@ IDENT = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 
 
 def ident(name: str) -> str:
-    if not IDENT.match(name):
+    if not IDENT.fullmatch(name):
         raise ValueError(f"{name!r} is not a safe SQL identifier")
     return name
 

@@ -40,7 +40,7 @@ from urllib.parse import urlsplit
 
 import psutil
 
-from levers9.runtime.config import SERVICES, Settings, write_profile
+from levers9.runtime.config import SERVICES, Settings
 
 SERVERS = ("nats", "postgres", "s3")
 URL_KEYS = {"nats": "nats_url", "postgres": "database_url", "s3": "s3_endpoint"}
@@ -316,7 +316,7 @@ class Stack:
         return state
 
     def _write_state(self, state: dict) -> None:
-        for name, key in URL_KEYS.items():
+        for name, key in (*URL_KEYS.items(), ("gateway", "gateway_url")):
             state[key] = state["components"].get(name, {}).get("url", "")
         tmp = self.state_path.with_suffix(".tmp")
         tmp.write_text(json.dumps(state, indent=2, sort_keys=True) + "\n")
@@ -495,11 +495,14 @@ class Stack:
         names = ("s3", "master", "volume", "filer")
         ports = dict(zip(names + tuple(f"{n}_grpc" for n in names), _free_ports(8)))
         data = self.home / "s3"
-        (data / "master").mkdir(parents=True, exist_ok=True)  # weed exits if -dir does not exist
+        data.mkdir(parents=True, exist_ok=True)  # weed exits if -dir does not exist
+        # the master keeps its raft state in dir/m<port>: with new ports each start it starts afresh
+        # (and learns the volumes from the volume server), so old ones are only clutter
+        for old in data.glob("m[0-9]*"):
+            shutil.rmtree(old, ignore_errors=True)
         cmd = [_binary("weed"), "-logtostderr", "server", f"-dir={data}", f"-ip={LOCALHOST}",
                f"-ip.bind={LOCALHOST}", "-s3", f"-s3.config={self._s3_identities()}",
-               # a port-independent master dir: by default it is dir/m<port>, lost when ports change
-               f"-master.dir={data / 'master'}", "-master.volumeSizeLimitMB=128",
+               "-master.volumeSizeLimitMB=128",
                "-volume.max=0",  # volumes by free space: the default 8 runs out after a bucket or two
                "-master.telemetry=false",  # it would report to telemetry.seaweedfs.com
                "-s3.port.iceberg=0", "-s3.port.lance=0"]  # fixed ports 8181/9101 by default
@@ -509,7 +512,7 @@ class Stack:
         proc, offset = self._spawn("s3", cmd)
         url = f"http://{LOCALHOST}:{ports['s3']}"
         entry = {"pid": proc.pid, "port": ports["s3"], "ports": ports, "external": False, "url": url}
-        return _Launch("s3", proc, offset, entry, lambda: _http_status(url + "/") > 0)
+        return _Launch("s3", proc, offset, entry, lambda: _weed_ready(url, ports["master"]))
 
     def _s3_identities(self) -> Path:
         """A -s3.config file that grants the settings' access key everything (and nobody else)."""
@@ -699,7 +702,10 @@ class Stack:
     # --- up, down, status -------------------------------------------------------------------
 
     def up(self, services: tuple[str, ...] | list[str] = SERVICES, progress: Progress = _quiet) -> dict:
-        """Start the servers, then every service of `services` that is not running and healthy."""
+        """Start the servers, then every service of `services` that is not running and healthy.
+
+        Returns the state: `nats_url`, `database_url`, `s3_endpoint`, `gateway_url` and, under
+        `components`, each one's pid, port and url. (The CLI writes the profile from it.)"""
         with self._locked():
             _, started = self._start_servers(progress)
             for name in services:
@@ -714,11 +720,7 @@ class Stack:
                 started.append(name)
             if not started:
                 progress("everything is already running; nothing started")
-            state = self.read_state()
-            gateway = state["components"].get("gateway")
-            if gateway and "gateway" in services:
-                write_profile(self.home / "config.toml", {"gateway_url": gateway["url"]})
-            return state
+            return self.read_state()
 
     def down(self, progress: Progress = _quiet) -> None:
         """Stop services, then S3, NATS and Postgres; nothing this home started stays alive."""
@@ -795,7 +797,18 @@ _STOP_SIGNAL = {"postgres": signal.SIGINT}
 def _stop_timeout(name: str, default: float) -> float:
     """`weed server` 4.48 stops its filer on SIGTERM/SIGINT but then never exits: SIGKILL it soon.
     Its volumes and filer store are written through the page cache, so a kill loses nothing."""
-    return min(default, 3.0) if name == "s3" else default
+    return min(default, 2.0) if name == "s3" else default
+
+
+def _weed_ready(s3_url: str, master_port: int) -> bool:
+    """S3 answers HTTP a second before it can serve objects: until the master knows the volume
+    server, reads fail ("volume 5 not found"). So also wait for a data node in the topology."""
+    if _http_status(s3_url + "/") <= 0:
+        return False
+    with _NO_PROXY.open(f"http://{LOCALHOST}:{master_port}/dir/status", timeout=1.0) as response:
+        topology = json.loads(response.read()).get("Topology") or {}
+    return any(rack.get("DataNodes") for dc in topology.get("DataCenters") or []
+               for rack in dc.get("Racks") or [])
 
 
 def _nats_healthy(monitor_port: int) -> bool:

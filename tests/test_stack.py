@@ -1,0 +1,295 @@
+"""The embedded stack starts real NATS, Postgres and S3 servers, notices stale pid files, probes
+health for real and leaves nothing running after `down`."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import asyncpg
+import botocore.session
+import nats
+import psutil
+import pytest
+
+from levers9.runtime import stack as stack_module
+from levers9.runtime.config import SERVICES, Settings
+from levers9.runtime.stack import Stack, StackError, free_port
+
+
+def s3_client(endpoint: str, access_key: str, secret_key: str):
+    # botocore is what boto3 wraps; it comes with aiobotocore, so it is always installed
+    return botocore.session.get_session().create_client(
+        "s3", endpoint_url=endpoint, aws_access_key_id=access_key, aws_secret_access_key=secret_key,
+        region_name="us-east-1")
+
+
+def alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def own_stack(tmp_path: Path, **env: str) -> tuple[Stack, list[str]]:
+    """A Stack in its own home, and the list its progress messages are collected in."""
+    settings = Settings.load(env={"LEVERS9_HOME": str(tmp_path), **env})
+    return Stack(tmp_path, settings), []
+
+
+# ---- the shared servers work ---------------------------------------------------------------------
+
+async def test_nats_has_jetstream(servers):
+    nc = await nats.connect(servers["nats_url"])
+    try:
+        info = await nc.jetstream().account_info()
+        assert info.limits is not None
+    finally:
+        await nc.close()
+
+
+async def test_postgres_answers_on_database_levers9(servers):
+    conn = await asyncpg.connect(servers["database_url"])
+    try:
+        assert await conn.fetchval("SELECT 1") == 1
+        assert await conn.fetchval("SELECT current_database()") == "levers9"
+    finally:
+        await conn.close()
+
+
+def test_s3_put_get_with_the_settings_keys(servers):
+    s3 = s3_client(servers["s3_endpoint"], servers["s3_access_key"], servers["s3_secret_key"])
+    bucket = f"test-{os.getpid()}-{time.monotonic_ns()}"
+    s3.create_bucket(Bucket=bucket)
+    s3.put_object(Bucket=bucket, Key="a/b.txt", Body=b"hello")
+    assert s3.get_object(Bucket=bucket, Key="a/b.txt")["Body"].read() == b"hello"
+
+    wrong = s3_client(servers["s3_endpoint"], "nobody", "wrong-secret")
+    with pytest.raises(Exception, match="AccessDenied|InvalidAccessKeyId|SignatureDoesNotMatch"):
+        wrong.get_object(Bucket=bucket, Key="a/b.txt")
+
+
+# ---- a stack of its own: start, status, crash, stale pid files, down, restart --------------------
+
+def test_lifecycle_keeps_data_and_leaves_nothing_running(tmp_path):
+    stack, said = own_stack(tmp_path)
+    urls = stack.start_servers(said.append)
+    assert set(urls) == {"nats_url", "database_url", "s3_endpoint"}
+    state = json.loads((tmp_path / "state.json").read_text())
+    pids = {name: state["components"][name]["pid"] for name in ("nats", "postgres", "s3")}
+    assert all(alive(pid) for pid in pids.values())
+
+    check_status(stack, urls)
+    write_data(urls)
+
+    said.clear()
+    assert stack.start_servers(said.append) == urls  # nothing new: same servers, same ports
+    assert sum("already running" in m for m in said) == 3, said
+
+    stack.down()
+    assert not any(alive(pid) for pid in pids.values())
+    assert not list((tmp_path / "run").glob("*.pid"))
+    assert all(not c.healthy and c.detail == "not running" for c in stack.status())
+
+    # stale pid files: one names a dead process, one an unrelated live process
+    unrelated = subprocess.Popen(["sleep", "60"])
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    (tmp_path / "run" / "nats.pid").write_text(f"{unrelated.pid}\n")
+    (tmp_path / "run" / "postgres.pid").write_text(f"{dead.pid}\n")
+    try:
+        said.clear()
+        urls2 = stack.start_servers(said.append)
+        assert any("stale pid file" in m and str(unrelated.pid) in m for m in said), said
+        assert any("stale pid file" in m and str(dead.pid) in m for m in said), said
+        assert alive(unrelated.pid), "an unrelated process must never be signalled"
+        assert read_data(urls2) == (b"kept", 1)  # same data, even though the ports changed
+    finally:
+        unrelated.kill()
+        unrelated.wait()
+        stack.down()
+    assert not leftover(tmp_path)
+
+
+def check_status(stack: Stack, urls: dict[str, str]) -> None:
+    started = time.monotonic()
+    comps = stack.status()
+    assert time.monotonic() - started < 2
+    assert [c.name for c in comps] == ["nats", "postgres", "s3", *SERVICES]
+    by_name = {c.name: c for c in comps}
+    assert by_name["nats"].url == urls["nats_url"]
+    assert by_name["postgres"].url == urls["database_url"]
+    assert by_name["s3"].url == urls["s3_endpoint"]
+    assert all(by_name[n].healthy and by_name[n].pid for n in ("nats", "postgres", "s3"))
+    assert all(not by_name[n].healthy and by_name[n].detail == "not running" for n in SERVICES)
+
+
+def write_data(urls: dict[str, str]) -> None:
+    s3 = s3_client(urls["s3_endpoint"], "levers9", "levers9-secret")
+    s3.create_bucket(Bucket="kept")
+    s3.put_object(Bucket="kept", Key="k", Body=b"kept")
+
+    async def sql() -> None:
+        conn = await asyncpg.connect(urls["database_url"])
+        await conn.execute("CREATE TABLE kept (x int); INSERT INTO kept VALUES (1)")
+        await conn.close()
+    run(sql())
+
+
+def read_data(urls: dict[str, str]) -> tuple[bytes, int]:
+    s3 = s3_client(urls["s3_endpoint"], "levers9", "levers9-secret")
+    body = s3.get_object(Bucket="kept", Key="k")["Body"].read()
+
+    async def sql() -> int:
+        conn = await asyncpg.connect(urls["database_url"])
+        try:
+            return await conn.fetchval("SELECT x FROM kept")
+        finally:
+            await conn.close()
+    return body, run(sql())
+
+
+def run(coro):
+    import asyncio
+
+    return asyncio.run(coro)
+
+
+def leftover(home: Path) -> list[int]:
+    """Pids of live processes that mention `home` on their command line."""
+    found = []
+    for proc in psutil.process_iter(["cmdline", "status"]):
+        if proc.info["status"] != psutil.STATUS_ZOMBIE and str(home) in " ".join(proc.info["cmdline"] or []):
+            found.append(proc.pid)
+    return found
+
+
+def test_a_crashed_server_is_restarted_and_children_do_not_survive_down(tmp_path, servers):
+    # S3 external so that only NATS and Postgres start: this test is about processes, not data
+    stack, said = own_stack(tmp_path, LEVERS9_S3_ENDPOINT=servers["s3_endpoint"])
+    stack.start_servers()
+    nats_pid = int((tmp_path / "run" / "nats.pid").read_text())
+    postmaster = psutil.Process(int((tmp_path / "run" / "postgres.pid").read_text()))
+    backends = [c.pid for c in postmaster.children(recursive=True)]
+    assert backends, "postgres runs its checkpointer, walwriter, ... as children"
+
+    os.kill(nats_pid, signal.SIGKILL)
+    urls = stack.start_servers(said.append)
+    assert any("stale pid file" in m and "gone" in m for m in said), said
+    assert any(m.startswith("postgres: already running") for m in said), said
+    assert int((tmp_path / "run" / "nats.pid").read_text()) != nats_pid
+    assert run(js_works(urls["nats_url"]))
+
+    stack.down()
+    assert not any(alive(pid) for pid in [postmaster.pid, *backends])
+    assert not leftover(tmp_path)
+
+
+async def js_works(url: str) -> bool:
+    nc = await nats.connect(url)
+    try:
+        return (await nc.jetstream().account_info()) is not None
+    finally:
+        await nc.close()
+
+
+# ---- external servers and failures ----------------------------------------------------------------
+
+def test_external_servers_are_used_not_started(tmp_path, servers):
+    stack, said = own_stack(tmp_path, LEVERS9_NATS_URL=servers["nats_url"],
+                            LEVERS9_DATABASE_URL=servers["database_url"],
+                            LEVERS9_S3_ENDPOINT=servers["s3_endpoint"])
+    urls = stack.start_servers(said.append)
+    assert urls == {k: servers[k] for k in ("nats_url", "database_url", "s3_endpoint")}
+    assert sum("using external" in m for m in said) == 3
+    assert not list((tmp_path / "run").glob("*.pid"))
+    assert not (tmp_path / "nats").exists() and not (tmp_path / "postgres").exists()
+    comps = {c.name: c for c in stack.status()}
+    assert all(comps[n].healthy and comps[n].detail == "external" for n in ("nats", "postgres", "s3"))
+
+    stack.down()  # must leave the external servers alone
+    assert all(c.healthy for c in stack.status()[:3])
+
+
+def test_a_port_taken_meanwhile_is_a_clear_error_and_nothing_stays_up(tmp_path, servers, monkeypatch):
+    stack, _ = own_stack(tmp_path, LEVERS9_DATABASE_URL=servers["database_url"],
+                         LEVERS9_S3_ENDPOINT=servers["s3_endpoint"])
+    stack.ready_timeout = 5
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        real = stack_module._free_ports
+        # NATS asks for two ports (client, monitor): hand it the taken one
+        monkeypatch.setattr(stack_module, "_free_ports",
+                            lambda n, host="127.0.0.1": [taken.getsockname()[1], *real(1)] if n == 2
+                            else real(n, host))
+        with pytest.raises(StackError) as err:
+            stack.start_servers()
+    message = str(err.value)
+    assert "nats did not start" in message
+    assert str(tmp_path / "logs" / "nats.log") in message
+    assert "address already in use" in message.lower()
+    assert "levers9 up" in message
+    assert not leftover(tmp_path)
+    assert not (tmp_path / "run" / "nats.pid").exists()
+
+
+# ---- services, with a stand-in for `python -m levers9 service NAME` --------------------------------
+
+FAKE_SERVICE = r"""
+import http.server, json, os, sys
+if os.environ.get("FAKE_FAIL"):
+    sys.exit("fake: cannot start because FAKE_FAIL is set")
+with open(os.environ["FAKE_ENV_OUT"], "w") as f:
+    json.dump(dict(os.environ), f)
+class Health(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200 if self.path == "/healthz" else 404)
+        self.end_headers()
+    def log_message(self, *args):
+        pass
+http.server.HTTPServer(("127.0.0.1", int(os.environ["LEVERS9_HTTP_PORT"])), Health).serve_forever()
+"""
+
+
+def test_start_kill_stop_service(tmp_path, servers):
+    stack, said = own_stack(tmp_path, LEVERS9_NATS_URL=servers["nats_url"],
+                            LEVERS9_DATABASE_URL=servers["database_url"],
+                            LEVERS9_S3_ENDPOINT=servers["s3_endpoint"])
+    fake = [sys.executable, "-c", FAKE_SERVICE]
+    env_out = tmp_path / "env.json"
+    port = stack.start_service("worker", {"FAKE_ENV_OUT": str(env_out)}, command=fake)
+    env = json.loads(env_out.read_text())
+    assert env["LEVERS9_SERVICE"] == "worker" and env["LEVERS9_WORKER_ID"] == "local-1"
+    assert env["LEVERS9_HTTP_PORT"] == str(port) and env["LEVERS9_HOME"] == str(tmp_path)
+    assert env["LEVERS9_NATS_URL"] == servers["nats_url"]
+    worker = {c.name: c for c in stack.status()}["worker"]
+    assert worker.healthy and worker.url == f"http://127.0.0.1:{port}"
+
+    stack.kill_service("worker")  # a crash: the pid file stays, status tells
+    worker = {c.name: c for c in stack.status()}["worker"]
+    assert not worker.healthy and "gone" in worker.detail
+    assert (tmp_path / "run" / "worker.pid").exists()
+
+    stack.start_service("worker", {"FAKE_ENV_OUT": str(env_out)}, command=fake)
+    pid = int((tmp_path / "run" / "worker.pid").read_text())
+    stack.stop_service("worker")
+    assert not alive(pid) and not (tmp_path / "run" / "worker.pid").exists()
+
+    with pytest.raises(StackError) as err:
+        stack.start_service("gateway", {"FAKE_ENV_OUT": str(env_out), "FAKE_FAIL": "1"}, command=fake)
+    assert "FAKE_FAIL is set" in str(err.value) and str(tmp_path / "logs" / "gateway.log") in str(err.value)
+    stack.down()
+    assert not leftover(tmp_path)
+
+
+def test_free_port_is_bindable():
+    port = free_port()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", port))
