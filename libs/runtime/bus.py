@@ -56,9 +56,12 @@ class Bus:
     def __init__(self, nc: Client, js: JetStreamContext) -> None:
         self.nc = nc
         self.js = js
+        self.reconnects = 0  # consumers re-create their subscriptions when this moves (nats.py #504)
 
     @classmethod
     async def connect(cls, url: str, name: str = "levers9") -> "Bus":
+        bus: Bus | None = None
+
         async def on_error(exc: Exception) -> None:
             log.warning("nats error: %s", exc)
 
@@ -67,11 +70,14 @@ class Bus:
 
         async def on_reconnect() -> None:
             log.info("nats reconnected")
+            if bus is not None:
+                bus.reconnects += 1
 
         nc = await nats.connect(servers=[url], name=name, max_reconnect_attempts=-1, reconnect_time_wait=0.5,
                                 connect_timeout=3, allow_reconnect=True, error_cb=on_error,
-                                disconnected_cb=on_disconnect, reconnected_cb=on_reconnect)
-        return cls(nc, nc.jetstream(timeout=5))
+                                disconnected_cb=on_disconnect, reconnected_cb=on_reconnect, drain_timeout=5)
+        bus = cls(nc, nc.jetstream(timeout=5))
+        return bus
 
     async def close(self) -> None:
         if not self.nc.is_closed:

@@ -84,7 +84,20 @@ _RESUBSCRIBE = (nats.errors.ConnectionClosedError, nats.errors.NoRespondersError
                 nats.errors.Error, OSError, asyncio.TimeoutError)
 
 
-class OrderedConsumer:
+class _Pull:
+    """What both consumers share: one client-side pull subscription, released before re-creating."""
+    _sub = None
+
+    async def _drop_sub(self) -> None:
+        sub, self._sub = self._sub, None
+        if sub is not None:
+            try:
+                await sub.unsubscribe()
+            except Exception:  # noqa: BLE001 - connection gone; nothing to release
+                pass
+
+
+class OrderedConsumer(_Pull):
     def __init__(self, bus: Bus, name: str, filter_subjects: Sequence[str], *,
                  position: Callable[[], Awaitable[int]],
                  handle: Callable[[list[Delivery]], Awaitable[None]],
@@ -120,16 +133,19 @@ class OrderedConsumer:
     async def run(self, stop: asyncio.Event) -> None:
         idle_since = time.monotonic()
         failures = 0
+        reconnects = self.bus.reconnects
         while not stop.is_set():
             try:
-                if self._sub is None:
+                if self._sub is None or reconnects != self.bus.reconnects:
+                    reconnects = self.bus.reconnects
+                    await self._drop_sub()
                     await self._subscribe()
                     idle_since = time.monotonic()
                 try:
                     msgs = await self._sub.fetch(self.batch, timeout=1.0)
                 except nats.errors.TimeoutError:
                     if time.monotonic() - idle_since > self.idle_resubscribe_s:
-                        self._sub = None  # silent for long: re-create in case the server lost it (#504)
+                        await self._drop_sub()  # silent for long: re-create in case the server lost it (#504)
                     continue
                 idle_since = time.monotonic()
                 await self._process([to_delivery(m) for m in msgs], stop)
@@ -139,11 +155,12 @@ class OrderedConsumer:
                     break
                 failures += 1
                 log.warning("consumer %s: %s; re-subscribing", self.name, repr(exc))
-                self._sub = None
+                await self._drop_sub()
                 await _sleep(stop, backoff(failures))
         await self._unsubscribe()
 
     async def _unsubscribe(self) -> None:
+        await self._drop_sub()
         try:
             await self.bus.js.delete_consumer(subjects.STREAM, self.consumer_name)
         except Exception:  # server gone or consumer already expired: inactive_threshold cleans up
@@ -197,7 +214,7 @@ class OrderedConsumer:
                                    stream_seq=d.seq, headers=d.headers)
 
 
-class WorkConsumer:
+class WorkConsumer(_Pull):
     """A durable consumer for idempotent reactions: ack, nak with backoff, dead-letter at max_deliver."""
 
     def __init__(self, bus: Bus, durable: str, filter_subjects: Sequence[str], *,
@@ -230,16 +247,19 @@ class WorkConsumer:
     async def run(self, stop: asyncio.Event) -> None:
         idle_since = time.monotonic()
         failures = 0
+        reconnects = self.bus.reconnects
         while not stop.is_set():
             try:
-                if self._sub is None:
+                if self._sub is None or reconnects != self.bus.reconnects:
+                    reconnects = self.bus.reconnects
+                    await self._drop_sub()
                     await self._subscribe()
                     idle_since = time.monotonic()
                 try:
                     msgs = await self._sub.fetch(self.batch, timeout=1.0)
                 except nats.errors.TimeoutError:
                     if time.monotonic() - idle_since > self.idle_resubscribe_s:
-                        self._sub = None
+                        await self._drop_sub()
                     continue
                 idle_since = time.monotonic()
                 for m in msgs:  # one at a time: finish the message in hand before stopping
@@ -250,8 +270,9 @@ class WorkConsumer:
                     break
                 failures += 1
                 log.warning("consumer %s: %s; re-subscribing", self.durable, repr(exc))
-                self._sub = None
+                await self._drop_sub()
                 await _sleep(stop, backoff(failures))
+        await self._drop_sub()
 
     async def _one(self, d: Delivery) -> None:
         if d.error:

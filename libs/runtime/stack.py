@@ -389,8 +389,9 @@ class Stack:
                       .encode())
             log.flush()
             ids = {"user": account.uid, "group": account.gid, "extra_groups": []} if account else {}
-            proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                    env=env, start_new_session=True, cwd=self.home, **ids)
+            proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log,
+                                    stderr=subprocess.STDOUT, env=env, start_new_session=True,
+                                    cwd=self.home, **ids)
         _CHILDREN[proc.pid] = proc
         self.pid_path(name).write_text(f"{proc.pid}\n")
         return proc, offset
@@ -398,16 +399,18 @@ class Stack:
     def _wait_ready(self, name: str, proc: subprocess.Popen, offset: int,
                     ready: Callable[[], bool]) -> None:
         deadline = time.monotonic() + self.ready_timeout
-        delay = 0.02
+        delay, last = 0.02, "no answer"
         while True:
             if proc.poll() is not None:
                 raise self._start_error(name, f"it exited with code {proc.returncode}", offset)
-            with contextlib.suppress(OSError, ValueError, asyncio.TimeoutError):
+            try:
                 if ready():
                     return
+            except Exception as err:  # not ready yet, whatever the probe says ("starting up", refused)
+                last = f"{type(err).__name__}: {err}"
             if time.monotonic() > deadline:
-                raise self._start_error(name, f"it did not answer within {self.ready_timeout:.0f} s",
-                                        offset)
+                raise self._start_error(name, f"it did not get ready within {self.ready_timeout:.0f} s "
+                                              f"(last check: {last})", offset)
             time.sleep(delay)
             delay = min(delay * 1.5, 0.25)
 
@@ -415,10 +418,11 @@ class Stack:
         log = self.log_path(name)
         tail = _log_tail(log, offset)
         if "address already in use" in tail.lower():
-            todo = "a port it needed was taken meanwhile; run `levers9 up` again, it picks new free ports."
+            todo = "a port it needed was taken meanwhile; run `levers9 up` again, it picks new ports."
         else:
             todo = f"fix the cause shown above (full log: {log}) and run `levers9 up` again."
-        return StackError(f"{name} did not start: {why}. Last lines of {log}:\n{tail}\nWhat to do: {todo}")
+        return StackError(f"{name} did not start: {why}. Last lines of {log}:\n{tail}\n"
+                          f"What to do: {todo}")
 
     # --- the three servers ------------------------------------------------------------------
 
@@ -445,14 +449,15 @@ class Stack:
                 self._abandon(launches, progress)
                 raise
             self._write_state(state)
-            return {URL_KEYS[n]: state["components"][n]["url"] for n in SERVERS}, [l.name for l in launches]
+            urls = {URL_KEYS[n]: state["components"][n]["url"] for n in SERVERS}
+            return urls, [launch.name for launch in launches]
 
     def _existing_server(self, name: str, state: dict, progress: Progress) -> dict | None:
         """The entry of an external or already running server, or None when it must be started."""
         external = getattr(self.settings, URL_KEYS[name])
         if external:
             progress(f"{name}: using external {external}")
-            return {"url": external, "external": True, "pid": None, "port": urlsplit(external).port}
+            return {"url": external, "external": True, "pid": None, "port": _port_of(external)}
         pid = self._running_pid(name, progress)
         entry = state["components"].get(name)
         if pid is not None and entry and entry.get("pid") == pid and entry.get("url"):
@@ -531,8 +536,12 @@ class Stack:
             self._initdb(data, account, progress)
         self._remove_stale_postmaster_pid(data, progress)
         port = free_port()
+        sockets = self._pg_socket_dir()
+        sockets.mkdir(mode=0o700, exist_ok=True)
+        if account:
+            os.chown(sockets, account.uid, account.gid)
         cmd = [_pg_bin("postgres"), "-D", str(data), "-h", LOCALHOST, "-p", str(port),
-               "-k", str(self._pg_socket_dir(account)), "-c", "max_connections=200"]
+               "-k", str(sockets), "-c", "max_connections=200"]
         progress(f"postgres: starting on {LOCALHOST}:{port}")
         proc, offset = self._spawn("postgres", cmd, env=_pg_env(), account=account)
         entry = {"pid": proc.pid, "port": port, "external": False,
@@ -558,8 +567,8 @@ class Stack:
                "--no-locale"]  # the C locale exists everywhere; the user's LANG may not be installed
         ids = {"user": account.uid, "group": account.gid, "extra_groups": []} if account else {}
         with self.log_path("postgres").open("ab") as log:
-            result = subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                    env=_pg_env(), cwd=fresh, **ids)
+            result = subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=log,
+                                    stderr=subprocess.STDOUT, env=_pg_env(), cwd=fresh, **ids)
         if result.returncode != 0:
             raise StackError(f"postgres: initdb failed with code {result.returncode}. Last lines of "
                              f"{self.log_path('postgres')}:\n{_log_tail(self.log_path('postgres'), 0)}\n"
@@ -574,14 +583,10 @@ class Stack:
             progress(f"postgres: removing {lock} left by a server that is no longer running")
             lock.unlink()
 
-    def _pg_socket_dir(self, account: _Account | None) -> Path:
+    def _pg_socket_dir(self) -> Path:
         """A short directory for the unix socket: a long home would exceed the 107-byte limit."""
         digest = hashlib.sha1(str(self.home).encode()).hexdigest()[:10]
-        path = Path("/tmp") / f"levers9-pg-{digest}"
-        path.mkdir(mode=0o700, exist_ok=True)
-        if account:
-            os.chown(path, account.uid, account.gid)
-        return path
+        return Path("/tmp") / f"levers9-pg-{digest}"
 
     # --- stopping ---------------------------------------------------------------------------
 
@@ -589,7 +594,8 @@ class Stack:
         pid = self._running_pid(name, progress)
         if pid is not None:
             progress(f"{name}: stopping (pid {pid})")
-            _terminate(pid, _STOP_SIGNAL.get(name, signal.SIGTERM), _stop_timeout(name, self.stop_timeout))
+            _terminate(pid, _STOP_SIGNAL.get(name, signal.SIGTERM),
+                       _stop_timeout(name, self.stop_timeout))
             _CHILDREN.pop(pid, None)
         self.pid_path(name).unlink(missing_ok=True)
 
@@ -635,11 +641,12 @@ class Stack:
             port = free_port()
             cmd = command or [sys.executable, "-m", "levers9", "service", name]
             progress(f"{name}: starting on {LOCALHOST}:{port}")
-            proc, offset = self._spawn(name, cmd, env=self._service_env_vars(name, port, urls, extra_env))
+            env = self._service_env_vars(name, port, urls, extra_env)
+            proc, offset = self._spawn(name, cmd, env=env)
             url = f"http://{LOCALHOST}:{port}"
             try:
                 self._wait_ready(name, proc, offset, lambda: self._healthz(port))
-            except StackError:
+            except BaseException:  # a failed (or interrupted) start leaves no process behind
                 self._stop_service_pid(name, proc.pid)
                 raise
             progress(f"{name}: ready at {url} (pid {proc.pid})")
@@ -732,7 +739,8 @@ class Stack:
             for name in ("s3", "nats", "postgres"):
                 self._stop_server(name, progress)
             for proc in self._strays((*SERVERS, *services)):
-                progress(f"stopping pid {proc.pid} of {self.home} that had no pid file: {_describe(proc)}")
+                progress(f"stopping pid {proc.pid} of {self.home}, which had no pid file: "
+                         f"{_describe(proc)}")
                 _terminate(proc.pid, signal.SIGKILL, 5)
             self._clean_runtime_files(state)
             left = [p.pid for p in self._strays((*SERVERS, *services))]
@@ -747,7 +755,7 @@ class Stack:
         for port in ports.values():
             for sock in Path("/tmp").glob(f"seaweedfs-*-{port}.sock"):
                 sock.unlink(missing_ok=True)
-        shutil.rmtree(self._pg_socket_dir(None), ignore_errors=True)
+        shutil.rmtree(self._pg_socket_dir(), ignore_errors=True)
         self.state_path.unlink(missing_ok=True)
 
     def status(self) -> list[ComponentStatus]:
@@ -823,5 +831,11 @@ def _pg_env() -> dict[str, str]:
 def _quietly(check: Callable[[], bool]) -> bool:
     try:
         return check()
-    except (OSError, ValueError):
+    except Exception:  # a probe that fails is a "no"
         return False
+
+
+def _port_of(url: str) -> int | None:
+    with contextlib.suppress(ValueError):
+        return urlsplit(url.split(",")[0]).port
+    return None
