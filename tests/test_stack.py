@@ -39,10 +39,19 @@ def alive(pid: int) -> bool:
         return False
 
 
-def own_stack(tmp_path: Path, **env: str) -> tuple[Stack, list[str]]:
-    """A Stack in its own home, and the list its progress messages are collected in."""
-    settings = Settings.load(env={"LEVERS9_HOME": str(tmp_path), **env})
-    return Stack(tmp_path, settings), []
+@pytest.fixture
+def own_stack(tmp_path):
+    """make(**env) -> (a Stack in this test's own home, the list its progress messages go to);
+    whatever it started is stopped at the end, even when the test fails half-way."""
+    made: list[Stack] = []
+
+    def make(**env: str) -> tuple[Stack, list[str]]:
+        made.append(Stack(tmp_path, Settings.load(env={"LEVERS9_HOME": str(tmp_path), **env})))
+        return made[-1], []
+
+    yield make
+    for stack in made:
+        stack.down()
 
 
 def check_status(stack: Stack, urls: dict[str, str]) -> None:
@@ -143,8 +152,8 @@ def test_s3_put_get_with_the_settings_keys(servers):
 
 # ---- a stack of its own: start, status, crash, stale pid files, down, restart --------------------
 
-def test_lifecycle_keeps_data_and_leaves_nothing_running(tmp_path):
-    stack, said = own_stack(tmp_path)
+def test_lifecycle_keeps_data_and_leaves_nothing_running(tmp_path, own_stack):
+    stack, said = own_stack()
     urls = stack.start_servers(said.append)
     assert set(urls) == {"nats_url", "database_url", "s3_endpoint"}
     state = json.loads((tmp_path / "state.json").read_text())
@@ -188,9 +197,9 @@ def test_lifecycle_keeps_data_and_leaves_nothing_running(tmp_path):
     assert not leftover(tmp_path)
 
 
-def test_a_crashed_server_is_restarted_and_children_do_not_survive_down(tmp_path, servers):
+def test_a_crashed_server_is_restarted_and_children_do_not_survive_down(tmp_path, servers, own_stack):
     # S3 external so that only NATS and Postgres start: this test is about processes, not data
-    stack, said = own_stack(tmp_path, LEVERS9_S3_ENDPOINT=servers["s3_endpoint"])
+    stack, said = own_stack(LEVERS9_S3_ENDPOINT=servers["s3_endpoint"])
     stack.start_servers()
     nats_pid = int((tmp_path / "run" / "nats.pid").read_text())
     postmaster = psutil.Process(int((tmp_path / "run" / "postgres.pid").read_text()))
@@ -212,8 +221,8 @@ def test_a_crashed_server_is_restarted_and_children_do_not_survive_down(tmp_path
 
 # ---- external servers and failures ----------------------------------------------------------------
 
-def test_external_servers_are_used_not_started(tmp_path, servers):
-    stack, said = own_stack(tmp_path, LEVERS9_NATS_URL=servers["nats_url"],
+def test_external_servers_are_used_not_started(tmp_path, servers, own_stack):
+    stack, said = own_stack(LEVERS9_NATS_URL=servers["nats_url"],
                             LEVERS9_DATABASE_URL=servers["database_url"],
                             LEVERS9_S3_ENDPOINT=servers["s3_endpoint"])
     urls = stack.start_servers(said.append)
@@ -228,8 +237,9 @@ def test_external_servers_are_used_not_started(tmp_path, servers):
     assert all(c.healthy for c in stack.status()[:3])
 
 
-def test_a_port_taken_meanwhile_is_a_clear_error_and_nothing_stays_up(tmp_path, servers, monkeypatch):
-    stack, _ = own_stack(tmp_path, LEVERS9_DATABASE_URL=servers["database_url"],
+def test_a_port_taken_meanwhile_is_a_clear_error_and_nothing_stays_up(tmp_path, servers, monkeypatch,
+                                                                     own_stack):
+    stack, _ = own_stack(LEVERS9_DATABASE_URL=servers["database_url"],
                          LEVERS9_S3_ENDPOINT=servers["s3_endpoint"])
     stack.ready_timeout = 5
     with socket.socket() as taken:
@@ -269,8 +279,8 @@ http.server.HTTPServer(("127.0.0.1", int(os.environ["LEVERS9_HTTP_PORT"])), Heal
 """
 
 
-def test_start_kill_stop_service(tmp_path, servers):
-    stack, _ = own_stack(tmp_path, LEVERS9_NATS_URL=servers["nats_url"],
+def test_start_kill_stop_service(tmp_path, servers, own_stack):
+    stack, _ = own_stack(LEVERS9_NATS_URL=servers["nats_url"],
                          LEVERS9_DATABASE_URL=servers["database_url"],
                          LEVERS9_S3_ENDPOINT=servers["s3_endpoint"])
     fake = [sys.executable, "-c", FAKE_SERVICE]

@@ -143,7 +143,7 @@ class OrderedConsumer(_Pull):
                     idle_since = time.monotonic()
                 try:
                     msgs = await self._sub.fetch(self.batch, timeout=1.0)
-                except nats.errors.TimeoutError:
+                except asyncio.TimeoutError:  # nats.errors.TimeoutError is one too; fetch raises either
                     if time.monotonic() - idle_since > self.idle_resubscribe_s:
                         await self._drop_sub()  # silent for long: re-create in case the server lost it (#504)
                     continue
@@ -154,7 +154,7 @@ class OrderedConsumer(_Pull):
                 if stop.is_set():
                     break
                 failures += 1
-                log.warning("consumer %s: %s; re-subscribing", self.name, repr(exc))
+                log.warning("consumer %s: %s; re-subscribing", self.name, repr(exc), exc_info=log.isEnabledFor(logging.DEBUG))
                 await self._drop_sub()
                 await _sleep(stop, backoff(failures))
         await self._unsubscribe()
@@ -257,7 +257,7 @@ class WorkConsumer(_Pull):
                     idle_since = time.monotonic()
                 try:
                     msgs = await self._sub.fetch(self.batch, timeout=1.0)
-                except nats.errors.TimeoutError:
+                except asyncio.TimeoutError:  # nats.errors.TimeoutError is one too; fetch raises either
                     if time.monotonic() - idle_since > self.idle_resubscribe_s:
                         await self._drop_sub()
                     continue

@@ -3,6 +3,7 @@ when the server says nothing is pending (or at the end sequence)."""
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import json
 from typing import AsyncIterator, Sequence
@@ -50,7 +51,7 @@ async def read(bus: Bus, filters: Sequence[str] = (f"{subjects.ROOT}.>",), *, st
         while True:
             try:
                 msgs = await sub.fetch(batch, timeout=2.0)
-            except nats.errors.TimeoutError:
+            except asyncio.TimeoutError:  # fetch raises nats' or asyncio's
                 return
             out = [m for m in msgs if m.metadata.sequence.stream <= end_seq]
             if out:

@@ -166,16 +166,20 @@ def _describe(proc: psutil.Process) -> str:
 
 
 def _terminate(pid: int, sig: int, timeout: float) -> None:
-    """Signal `pid`, wait up to `timeout`, then SIGKILL it and whatever it started that is left."""
-    proc = _live_process(pid)
-    if proc is None:
-        return
-    with contextlib.suppress(psutil.Error):
-        children = proc.children(recursive=True)
-        proc.send_signal(sig)
-    _kill_survivors([pid], timeout)
+    _terminate_all([pid], sig, timeout)
+
+
+def _terminate_all(pids: list[int], sig: int, timeout: float) -> None:
+    """Signal `pids` at once, wait up to `timeout`, then SIGKILL them and whatever they started
+    that is left."""
+    children: list[int] = []
+    for proc in filter(None, map(_live_process, pids)):
+        with contextlib.suppress(psutil.Error):
+            children += [c.pid for c in proc.children(recursive=True)]
+            proc.send_signal(sig)
+    _kill_survivors(pids, timeout)
     # children normally exit with their parent (postgres backends do); give them a moment
-    _kill_survivors([c.pid for c in children], 2.0)
+    _kill_survivors(children, 2.0)
 
 
 def _kill_survivors(pids: list[int], timeout: float) -> None:
@@ -633,26 +637,53 @@ class Stack:
         """Start service `name` (`command` replaces `python -m levers9 service NAME`, for tests)
         and wait for its /healthz; returns its HTTP port."""
         with self._locked():
-            state = self.read_state()
-            urls = self._server_urls(state)
+            return self._start_services([name], extra_env, command, progress)[name]
+
+    def _start_services(self, names: list[str], extra_env: dict[str, str] | None,
+                        command: list[str] | None, progress: Progress) -> dict[str, int]:
+        """Start `names` side by side (each takes a second or so to import and connect), then
+        wait for each; one that fails is stopped, the others keep running, and the first
+        failure is raised once all are settled."""
+        urls = self._server_urls(self.read_state())
+        for name in names:
             if self._running_pid(name, progress) is not None:
                 self.stop_service(name, progress=progress)
             self._stop_strays(name, progress)
-            port = free_port()
-            cmd = command or [sys.executable, "-m", "levers9", "service", name]
-            progress(f"{name}: starting on {LOCALHOST}:{port}")
-            env = self._service_env_vars(name, port, urls, extra_env)
-            proc, offset = self._spawn(name, cmd, env=env)
-            url = f"http://{LOCALHOST}:{port}"
-            try:
-                self._wait_ready(name, proc, offset, lambda: self._healthz(port))
-            except BaseException:  # a failed (or interrupted) start leaves no process behind
-                self._stop_service_pid(name, proc.pid)
-                raise
-            progress(f"{name}: ready at {url} (pid {proc.pid})")
-            state["components"][name] = {"pid": proc.pid, "port": port, "url": url}
-            self._write_state(state)
-            return port
+        spawned = [self._spawn_service(name, urls, extra_env, command, progress) for name in names]
+        ports: dict[str, int] = {}
+        failure: StackError | None = None
+        try:
+            for name, proc, offset, port in spawned:
+                try:
+                    self._wait_ready(name, proc, offset, lambda port=port: self._healthz(port))
+                except StackError as err:
+                    self._stop_service_pid(name, proc.pid)
+                    failure = failure or err
+                    continue
+                progress(f"{name}: ready at http://{LOCALHOST}:{port} (pid {proc.pid})")
+                ports[name] = port
+                self._record(name, {"pid": proc.pid, "port": port, "url": f"http://{LOCALHOST}:{port}"})
+        except BaseException:  # interrupted: leave no half-started service behind
+            _terminate_all([proc.pid for name, proc, _, _ in spawned if name not in ports],
+                           signal.SIGTERM, self.stop_timeout)
+            raise
+        if failure is not None:
+            raise failure
+        return ports
+
+    def _spawn_service(self, name: str, urls: dict[str, str], extra_env: dict[str, str] | None,
+                       command: list[str] | None,
+                       progress: Progress) -> tuple[str, subprocess.Popen, int, int]:
+        port = free_port()
+        cmd = command or [sys.executable, "-m", "levers9", "service", name]
+        progress(f"{name}: starting on {LOCALHOST}:{port}")
+        proc, offset = self._spawn(name, cmd, env=self._service_env_vars(name, port, urls, extra_env))
+        return name, proc, offset, port
+
+    def _record(self, name: str, entry: dict) -> None:
+        state = self.read_state()
+        state["components"][name] = entry
+        self._write_state(state)
 
     def _server_urls(self, state: dict) -> dict[str, str]:
         urls = {}
@@ -681,15 +712,23 @@ class Stack:
 
     def stop_service(self, name: str, timeout: float = 10, *, progress: Progress = _quiet) -> None:
         """SIGTERM, then SIGKILL after `timeout`; removes its pid file and its state entry."""
+        self._stop_services([name], timeout, progress)
+
+    def _stop_services(self, names: list[str], timeout: float, progress: Progress) -> None:
+        """Stop `names` side by side: each may take seconds to finish the work in hand."""
         with self._locked():
-            pid = self._running_pid(name, progress)
-            if pid is not None:
-                progress(f"{name}: stopping (pid {pid})")
-                self._stop_service_pid(name, pid, timeout)
-            self.pid_path(name).unlink(missing_ok=True)
+            pids = {name: self._running_pid(name, progress) for name in names}
+            for name, pid in pids.items():
+                if pid is not None:
+                    progress(f"{name}: stopping (pid {pid})")
+            _terminate_all([pid for pid in pids.values() if pid is not None], signal.SIGTERM, timeout)
             state = self.read_state()
-            if state["components"].pop(name, None) is not None:
-                self._write_state(state)
+            for name, pid in pids.items():
+                if pid is not None:
+                    _CHILDREN.pop(pid, None)
+                self.pid_path(name).unlink(missing_ok=True)
+                state["components"].pop(name, None)
+            self._write_state(state)
 
     def _stop_service_pid(self, name: str, pid: int, timeout: float = 10) -> None:
         _terminate(pid, signal.SIGTERM, timeout)
@@ -715,27 +754,30 @@ class Stack:
         `components`, each one's pid, port and url. (The CLI writes the profile from it.)"""
         with self._locked():
             _, started = self._start_servers(progress)
-            for name in services:
-                pid = self._running_pid(name, progress)
-                port = self.read_state()["components"].get(name, {}).get("port")
-                if pid is not None and port and _quietly(lambda: self._healthz(port)):
-                    progress(f"{name}: already running (pid {pid}) at http://{LOCALHOST}:{port}")
-                    continue
-                if pid is not None:
-                    progress(f"{name}: pid {pid} does not answer /healthz; restarting it")
-                self.start_service(name, progress=progress)
-                started.append(name)
-            if not started:
+            missing = [name for name in services if not self._service_answers(name, progress)]
+            if missing:
+                self._start_services(missing, None, None, progress)
+            elif not started:
                 progress("everything is already running; nothing started")
             return self.read_state()
+
+    def _service_answers(self, name: str, progress: Progress) -> bool:
+        pid = self._running_pid(name, progress)
+        port = self.read_state()["components"].get(name, {}).get("port")
+        if pid is not None and port and _quietly(lambda: self._healthz(port)):
+            progress(f"{name}: already running (pid {pid}) at http://{LOCALHOST}:{port}")
+            return True
+        if pid is not None:
+            progress(f"{name}: pid {pid} does not answer /healthz; restarting it")
+        return False
 
     def down(self, progress: Progress = _quiet) -> None:
         """Stop services, then S3, NATS and Postgres; nothing this home started stays alive."""
         with self._locked():
             state = self.read_state()
-            services = [n for n in (*SERVICES, *state["components"]) if n not in SERVERS]
-            for name in dict.fromkeys(services):
-                self.stop_service(name, self.stop_timeout, progress=progress)
+            services = list(dict.fromkeys(n for n in (*SERVICES, *state["components"])
+                                          if n not in SERVERS))
+            self._stop_services(services, self.stop_timeout, progress)
             for name in ("s3", "nats", "postgres"):
                 self._stop_server(name, progress)
             for proc in self._strays((*SERVERS, *services)):

@@ -28,7 +28,7 @@ app.add_typer(contracts_app, name="contracts")
 app.add_typer(projections_app, name="projections")
 
 console = Console(stderr=True, soft_wrap=True)
-out = Console()
+out = Console(width=None if sys.stdout.isatty() else 250)  # pipes and files get whole lines
 
 
 def fail(message: str, code: int = 1) -> None:
@@ -77,7 +77,7 @@ def up(json_out: bool = typer.Option(False, "--json", help="print the status as 
         with console.status("starting levers9") as spinner:
             state = stack.up(progress=lambda msg: (spinner.update(msg), console.print(f"  {msg}")))
             spinner.update("creating a token for workspace default")
-            gateway_url = state["services"]["gateway"]["url"] if "services" in state else state["gateway_url"]
+            gateway_url = state["gateway_url"]
             token = ensure_token(s, gateway_url, server_urls(s)["nats_url"])
     except StackError as exc:
         fail(str(exc))

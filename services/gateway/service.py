@@ -8,7 +8,7 @@ does not leak.
 from __future__ import annotations
 
 import hashlib
-from typing import Annotated, Any
+from typing import Any
 
 import msgspec
 from fastapi import Depends, FastAPI, HTTPException, Request
@@ -59,21 +59,21 @@ class GatewayService(Service):
         return Caller(workspace=row["workspace"], token_id=row["token_id"])
 
     def routes(self, app: FastAPI) -> None:
-        CallerDep = Annotated[Caller, Depends(self.caller)]
+        caller_dep = Depends(self.caller)
 
         @app.get("/api/v1/whoami")
-        async def whoami(caller: CallerDep) -> Caller:
+        async def whoami(caller: Caller = caller_dep) -> Caller:
             return caller
 
         @app.get("/api/v1/containers")
-        async def list_containers(caller: CallerDep) -> list[dict[str, Any]]:
+        async def list_containers(caller: Caller = caller_dep) -> list[dict[str, Any]]:
             rows = await self.pool.fetch(
                 "SELECT * FROM gateway.containers WHERE workspace = $1 ORDER BY updated_at DESC LIMIT 1000",
                 caller.workspace)
             return [_row(r) for r in rows]
 
         @app.get("/api/v1/containers/{container_id}")
-        async def get_container(container_id: str, caller: CallerDep) -> dict[str, Any]:
+        async def get_container(container_id: str, caller: Caller = caller_dep) -> dict[str, Any]:
             row = await self.pool.fetchrow(
                 "SELECT * FROM gateway.containers WHERE workspace = $1 AND container_id = $2",
                 caller.workspace, container_id)
@@ -82,7 +82,7 @@ class GatewayService(Service):
             return _row(row)
 
         @app.post("/api/v1/containers", status_code=202)
-        async def request_container(body: ContainerRequest, caller: CallerDep) -> dict[str, Any]:
+        async def request_container(body: ContainerRequest, caller: Caller = caller_dep) -> dict[str, Any]:
             try:
                 if body.deployment_id:
                     check_id(body.deployment_id, "deployment_id")
@@ -99,7 +99,7 @@ class GatewayService(Service):
                     "event_id": env.id, "seq": appended.seq}
 
         @app.get("/api/v1/workers")
-        async def list_workers(caller: CallerDep) -> list[dict[str, Any]]:
+        async def list_workers(caller: Caller = caller_dep) -> list[dict[str, Any]]:
             return [_row(r) for r in await self.pool.fetch("SELECT * FROM gateway.workers ORDER BY worker_id")]
 
 
