@@ -249,6 +249,9 @@ def test_down_leaves_no_process_and_a_second_up_keeps_the_data(stack_env):
     before = cli(stack_env, "events", "replay", "--json").stdout.count("\n")
     cli(stack_env, "down")
     assert processes_of(home) == []
+    for name in SERVICES:  # SIGTERM is graceful: each finished its work in hand and said so
+        log = (home / "logs" / f"{name}.log").read_text()
+        assert f'"msg": "{name} stopped"' in log.splitlines()[-1] or f'"{name} stopped"' in log, name
     status = cli(stack_env, "status", "--json", check=False)
     assert status.returncode == 1
     assert not any(c["healthy"] for c in json.loads(status.stdout)["components"])

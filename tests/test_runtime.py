@@ -310,3 +310,53 @@ async def test_rebuild_from_sequence_one_equals_the_live_projection_and_swaps_in
     assert {k: v for k, v in rows.items() if k.startswith("c")} == {r[0]: r[1] for r in before}
     assert await pool.fetchval("SELECT count(*) FROM information_schema.schemata WHERE schema_name LIKE $1",
                                f"{store.schema}__%") == 0
+
+
+async def test_trace_context_and_correlation_travel_from_publisher_to_consumer(bus, pool, caplog):
+    """One trace spans publisher -> consumer: the consumer's span has the publisher's trace id as
+    parent, and its logs carry the envelope's correlation id."""
+    import logging
+
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from levers9.runtime import telemetry
+
+    caplog.set_level(logging.INFO, logger="levers9.test")
+    exporter = InMemorySpanExporter()
+    provider = trace.get_tracer_provider()
+    if not isinstance(provider, TracerProvider):
+        telemetry.setup_tracing("test")
+        provider = trace.get_tracer_provider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    ws = new_ws()
+    seen = {}
+
+    async def handle(d):
+        seen["cid"] = telemetry.correlation_id.get()
+        seen["trace"] = trace.get_current_span().get_span_context().trace_id
+        logging.getLogger("levers9.test").info("handled")
+
+    stop = asyncio.Event()
+    consumer = WorkConsumer(bus, f"trace-{ws}", [f"levers9.{ws}.>"], handle=handle)
+    task = asyncio.create_task(consumer.run(stop))
+    tracer = trace.get_tracer("test")
+    with tracer.start_as_current_span("gateway request") as root:
+        env = envelope(E.ContainerRequested(container_id="c1"), workspace=ws)
+        await bus.publish(env)
+    await wait_for(lambda: _true(seen))
+    stop.set()
+    await task
+    assert seen["cid"] == env.correlation_id
+    assert seen["trace"] == root.get_span_context().trace_id
+    consumer_span = next(s for s in exporter.get_finished_spans() if s.name == "handle ContainerRequested")
+    assert consumer_span.parent.span_id == root.get_span_context().span_id
+    record = next(r for r in caplog.records if r.getMessage() == "handled")
+    formatted = json.loads(telemetry.JsonFormatter("test").format(record))
+    assert formatted["correlation_id"] == env.correlation_id
+
+
+async def _true(d) -> bool:
+    return bool(d)

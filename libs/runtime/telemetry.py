@@ -28,6 +28,21 @@ PROJECTION_POSITION = Gauge("levers9_projection_position", "Last stream sequence
 BATCH_SECONDS = Histogram("levers9_consumer_batch_seconds", "Time to handle one fetched batch", ["consumer"])
 
 
+_base_factory = logging.getLogRecordFactory()
+
+
+def _record_with_correlation(*args, **kwargs) -> logging.LogRecord:
+    """Stamp the correlation id on the record when it is created, inside the handling context, so
+    handlers that format later (or elsewhere) still have it."""
+    record = _base_factory(*args, **kwargs)
+    if not hasattr(record, "correlation_id"):
+        record.correlation_id = correlation_id.get()
+    return record
+
+
+logging.setLogRecordFactory(_record_with_correlation)
+
+
 class JsonFormatter(logging.Formatter):
     def __init__(self, service: str) -> None:
         super().__init__()
@@ -41,7 +56,7 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
             "msg": record.getMessage(),
         }
-        cid = getattr(record, "correlation_id", None) or correlation_id.get()
+        cid = getattr(record, "correlation_id", "")
         if cid:
             doc["correlation_id"] = cid
         span = trace.get_current_span().get_span_context()

@@ -1,0 +1,180 @@
+"""What the benchmarks share: real servers in a temporary home, a fast publisher, percentiles, results.
+
+Every benchmark starts its own NATS and Postgres through `levers9.runtime.stack.Stack` (the same
+launcher `levers9 up` uses), so the figures are against real local servers, never mocks. S3 is not
+needed by the event backbone; it is started only with --with-s3, because SeaweedFS's background
+work would otherwise compete for the two cores this machine has.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Iterable, Iterator, Sequence
+
+from nats.js.api import Header
+
+from levers9.contracts import Envelope, encode, subjects
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+@contextlib.contextmanager
+def servers(with_s3: bool = False) -> Iterator[tuple[dict[str, str], Path]]:
+    """({"nats_url", "database_url", "s3_endpoint"}, home) of servers started for this run; always
+    stopped, and the temporary home removed."""
+    from levers9.runtime.config import Settings
+    from levers9.runtime.stack import Stack
+
+    with tempfile.TemporaryDirectory(prefix="levers9-bench-") as tmp:
+        home = Path(tmp)
+        env = {"LEVERS9_HOME": str(home)}
+        if not with_s3:  # marked external: the launcher leaves it alone and nothing here uses it
+            env["LEVERS9_S3_ENDPOINT"] = "http://127.0.0.1:9/unused-by-benchmarks"
+        stack = Stack(home, Settings.load(env=env))
+        try:
+            started = time.perf_counter()
+            urls = stack.start_servers()
+            log(f"servers up in {time.perf_counter() - started:.1f} s: nats {urls['nats_url']}, "
+                f"postgres {urls['database_url']}")
+            yield urls, home
+        finally:
+            stack.down()
+
+
+def log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def headers_for(env: Envelope) -> dict[str, str]:
+    # the same headers Bus.publish sends (minus trace context): dedup by envelope id, expected stream
+    return {Header.MSG_ID: env.id, Header.EXPECTED_STREAM: subjects.STREAM}
+
+
+async def publish_many(bus, envs: Sequence[Envelope], *, window: int = 2000) -> list[int]:
+    """Publish without waiting for each ack: `js.publish_async` keeps up to `window` acks in flight.
+
+    Every message carries `Nats-Msg-Id` = envelope id and `encode(env)` on `env.subject`, exactly
+    like `Bus.publish`; every ack is checked (an error raises) and the stream sequences returned.
+    """
+    js = bus.nc.jetstream(publish_async_max_pending=window)
+    futures = []
+    for env in envs:
+        futures.append(await js.publish_async(env.subject, encode(env), headers=headers_for(env)))
+    acks = await asyncio.gather(*futures)
+    dup = sum(1 for a in acks if a.duplicate)
+    if dup:
+        raise RuntimeError(f"{dup} publishes were reported as duplicates")
+    return [a.seq for a in acks]
+
+
+def percentiles(values_ms: Iterable[float]) -> dict[str, float]:
+    xs = sorted(values_ms)
+    if not xs:
+        return {}
+
+    def pct(p: float) -> float:
+        k = min(len(xs) - 1, max(0, int(round(p / 100 * (len(xs) - 1)))))
+        return round(xs[k], 3)
+
+    return {"n": len(xs), "p50_ms": pct(50), "p90_ms": pct(90), "p99_ms": pct(99), "p999_ms": pct(99.9),
+            "max_ms": round(xs[-1], 3), "mean_ms": round(statistics.fmean(xs), 3)}
+
+
+def machine() -> dict[str, object]:
+    from levers9.runtime.stack import _binary  # the binaries the launcher runs
+
+    def version(cmd: list[str]) -> str:
+        import subprocess
+        try:
+            return subprocess.run(cmd, capture_output=True, text=True, timeout=5).stdout.strip().splitlines()[0]
+        except Exception as exc:  # noqa: BLE001 - informational only
+            return f"unknown ({exc})"
+
+    return {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform(),
+            "nats_server": version([_binary("nats-server"), "--version"]),
+            "postgres": version([_pg("postgres"), "--version"])}
+
+
+def _pg(name: str) -> str:
+    from levers9.runtime.stack import _pg_bin
+    return _pg_bin(name)
+
+
+def write_results(name: str, doc: dict) -> Path:
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path = RESULTS / f"{name}.json"
+    doc = {"benchmark": name, "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+           "machine": machine(), **doc}
+    path.write_text(json.dumps(doc, indent=2) + "\n")
+    log(f"results written to {path}")
+    return path
+
+
+def verdict(value: float, target: float, higher_is_better: bool = True) -> str:
+    ok = value >= target if higher_is_better else value <= target
+    return "MET" if ok else "MISSED"
+
+
+def _cpu_seconds(pid: int) -> float:
+    """Time on CPU of all threads of a process, from the scheduler's exact accounting: the tick-based
+    user/system times of /proc/PID/stat miss most of a process that runs in short bursts (a Postgres
+    backend answering one small query at a time showed ~0 there)."""
+    total = 0
+    try:
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                total += int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        pass
+    return total / 1e9
+
+
+class CpuMeter:
+    """CPU used by this process, the NATS server and Postgres (all its backends) over a span:
+    on a 2-core machine it says which of them is the one using up the cores."""
+
+    def __init__(self, home: Path, extra_pids: Sequence[int] = ()) -> None:
+        import psutil
+        self._psutil = psutil
+        self.home = home
+        self.extra_pids = list(extra_pids)
+        self._start: dict[str, float] = {}
+        self._t0 = 0.0
+
+    def _procs(self) -> dict[str, list]:
+        ps = self._psutil
+        out: dict[str, list] = {"bench_python": [ps.Process()]}
+        for name in ("nats", "postgres"):
+            try:
+                root = ps.Process(int((self.home / "run" / f"{name}.pid").read_text().split()[0]))
+                out[name] = [root, *root.children(recursive=True)]
+            except (OSError, ValueError, ps.Error):
+                out[name] = []
+        out["other_python"] = [ps.Process(p) for p in self.extra_pids if ps.pid_exists(p)]
+        return out
+
+    def _sample(self) -> dict[str, float]:
+        total: dict[str, float] = {}
+        for name, procs in self._procs().items():
+            total[name] = sum(_cpu_seconds(p.pid) for p in procs)
+        return total
+
+    def start(self) -> "CpuMeter":
+        self._start = self._sample()
+        self._t0 = time.perf_counter()
+        return self
+
+    def stop(self) -> dict[str, float]:
+        """Cores used on average by each (1.0 = one core fully busy) over the span."""
+        end = self._sample()
+        wall = max(1e-9, time.perf_counter() - self._t0)
+        return {name: round((end.get(name, 0.0) - self._start.get(name, 0.0)) / wall, 2) for name in end}
