@@ -42,7 +42,8 @@ def field_strategy(name: str, annotation: object) -> st.SearchStrategy:
 @st.composite
 def any_event(draw):
     cls = draw(st.sampled_from(sorted(EVENT_TYPES.values(), key=lambda c: c.__name__)))
-    values = {f.name: draw(field_strategy(f.name, f.type)) for f in msgspec.structs.fields(cls)}
+    values = {f.name: draw(ids if f.name == cls.ID_FIELD else field_strategy(f.name, f.type))
+              for f in msgspec.structs.fields(cls)}
     return cls(**values)
 
 

@@ -51,6 +51,11 @@ class DeploymentCreated(Event, frozen=True, kw_only=True):
     pool: str = "default"
     env: dict[str, str] = {}
     secrets: list[str] = []
+    module: str = ""  # the app file's module name inside the code archive
+    on_start: str = ""  # name of the on_start function, if any
+    code_sha256: str = ""  # the code archive (tar.gz) in the workspace's bucket
+    code_key: str = ""
+    app_name: str = ""
 
 
 class DeploymentStopped(Event, frozen=True, kw_only=True):
@@ -58,6 +63,12 @@ class DeploymentStopped(Event, frozen=True, kw_only=True):
     ID_FIELD = "deployment_id"
     deployment_id: str
     reason: str = ""
+
+
+class DeploymentDeleted(Event, frozen=True, kw_only=True):
+    AGGREGATE = "deployment"
+    ID_FIELD = "deployment_id"
+    deployment_id: str
 
 
 # ---- containers --------------------------------------------------------------------------------
@@ -77,6 +88,9 @@ class ContainerRequested(Event, frozen=True, kw_only=True):
     pool: str = "default"
     checkpoint_id: str = ""
     reason: str = ""
+    deployment_version: int = 0
+    attempt: int = 1  # > 1 when re-requested after its worker was lost
+    excluded_workers: list[str] = []
 
 
 class ContainerScheduled(Event, frozen=True, kw_only=True):
@@ -182,6 +196,45 @@ class WorkerDrained(Event, frozen=True, kw_only=True):
     worker_id: str
 
 
+class WorkerCordoned(Event, frozen=True, kw_only=True):
+    """No new placements; `drain` also stops its containers so they are placed elsewhere."""
+    AGGREGATE = "worker"
+    ID_FIELD = "worker_id"
+    SYSTEM = True
+    worker_id: str
+    drain: bool = False
+
+
+class WorkerUncordoned(Event, frozen=True, kw_only=True):
+    AGGREGATE = "worker"
+    ID_FIELD = "worker_id"
+    SYSTEM = True
+    worker_id: str
+
+
+class WorkerSlotReserved(Event, frozen=True, kw_only=True):
+    """Capacity taken on a worker, appended with optimistic concurrency on the worker's subject so two
+    schedulers cannot both take the last slot."""
+    AGGREGATE = "worker"
+    ID_FIELD = "worker_id"
+    SYSTEM = True
+    worker_id: str
+    container_id: str
+    workspace: str
+    cpu_millicores: int
+    memory_mib: int
+    gpu_count: int = 0
+
+
+class WorkerSlotReleased(Event, frozen=True, kw_only=True):
+    AGGREGATE = "worker"
+    ID_FIELD = "worker_id"
+    SYSTEM = True
+    worker_id: str
+    container_id: str
+    reason: str = ""
+
+
 # ---- checkpoints -------------------------------------------------------------------------------
 
 class CheckpointDumped(Event, frozen=True, kw_only=True):
@@ -268,14 +321,29 @@ class TokenRevoked(Event, frozen=True, kw_only=True):
     token_id: str
 
 
+class SecretSet(Event, frozen=True, kw_only=True):
+    """The value is encrypted (Fernet, key LEVERS9_SECRET_KEY); plaintext never enters the log."""
+    AGGREGATE = "secret"
+    ID_FIELD = "name"
+    name: str
+    ciphertext: str
+
+
+class SecretDeleted(Event, frozen=True, kw_only=True):
+    AGGREGATE = "secret"
+    ID_FIELD = "name"
+    name: str
+
+
 AnyEvent = Union[
-    DeploymentCreated, DeploymentStopped,
+    DeploymentCreated, DeploymentStopped, DeploymentDeleted,
     ContainerRequested, ContainerScheduled, PlacementDeferred, ContainerStarted, ContainerReady,
     ContainerStopRequested, ContainerStopped, ContainerFailed,
-    WorkerProvisioned, WorkerRegistered, WorkerReady, WorkerLost, WorkerDrained,
+    WorkerProvisioned, WorkerRegistered, WorkerReady, WorkerLost, WorkerDrained, WorkerCordoned,
+    WorkerUncordoned, WorkerSlotReserved, WorkerSlotReleased,
     CheckpointDumped, CheckpointStored, CheckpointFailed,
     ImageBuildRequested, ImageBuildStarted, ImageBuilt, ImageBuildFailed,
-    TokenCreated, TokenRevoked,
+    TokenCreated, TokenRevoked, SecretSet, SecretDeleted,
 ]
 
 EVENT_TYPES: dict[str, type[Event]] = {cls.__name__: cls for cls in AnyEvent.__args__}  # type: ignore[attr-defined]
