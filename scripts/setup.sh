@@ -13,6 +13,8 @@ need_apt=()
 command -v python3 >/dev/null || need_apt+=(python3)
 python3 -c 'import venv, ensurepip' 2>/dev/null || need_apt+=(python3-venv)
 command -v runc >/dev/null || need_apt+=(runc)
+command -v debootstrap >/dev/null || need_apt+=(debootstrap)
+command -v ip >/dev/null || need_apt+=(iproute2)
 command -v useradd >/dev/null || need_apt+=(passwd)
 command -v curl >/dev/null || need_apt+=(curl)
 if [ ${#need_apt[@]} -gt 0 ]; then

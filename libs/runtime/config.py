@@ -36,6 +36,14 @@ class Settings:
     http_port: int = 0
     worker_id: str = ""
     worker_pool: str = "default"
+    worker_token: str = ""  # the token the pool controller gave this worker alone
+    runtime: str = "auto"  # auto | runc | process
+    bridge_name: str = "levers9br0"
+    bridge_subnet: str = "10.209.0.0/24"  # containers' addresses; keep it clear of real networks
+    image_cache: str = "/var/cache/levers9"  # base root file systems, shared by workers of a machine
+    pools_file: str = ""  # pools config (TOML); empty: one pool `default`, local backend, 1 warm worker
+    secret_key: str = ""  # Fernet key for secrets; `levers9 up` generates one into the profile
+    max_body_bytes: int = 16 * 1024 * 1024
     # consumers
     max_deliver: int = 5
     fetch_batch: int = 256
