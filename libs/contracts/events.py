@@ -172,6 +172,7 @@ class WorkerRegistered(Event, frozen=True, kw_only=True):
     gpu_count: int = 0
     features: list[str] = []  # runtime features, e.g. "runc", "criu"
     address: str = ""
+    token_id: str = ""  # the worker token it was started with (scope worker:<id>)
 
 
 class WorkerReady(Event, frozen=True, kw_only=True):
@@ -313,6 +314,7 @@ class TokenCreated(Event, frozen=True, kw_only=True):
     token_id: str
     token_sha256: str
     name: str = ""
+    scope: str = "workspace"  # workspace | worker:<worker_id> (valid for that worker alone)
 
 
 class TokenRevoked(Event, frozen=True, kw_only=True):

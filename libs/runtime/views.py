@@ -40,7 +40,9 @@ class ContainersView(Projection):
             gpu text[] NOT NULL DEFAULT '{{}}', gpu_count int NOT NULL DEFAULT 0, pool text NOT NULL DEFAULT '',
             checkpoint_id text NOT NULL DEFAULT '', reason text NOT NULL DEFAULT '',
             exit_code int, requested_at timestamptz, updated_at timestamptz NOT NULL,
-            correlation_id text NOT NULL, version int NOT NULL DEFAULT 0,
+            correlation_id text NOT NULL, version int NOT NULL DEFAULT 0, last_seq bigint NOT NULL DEFAULT 0,
+            attempt int NOT NULL DEFAULT 1, excluded_workers text[] NOT NULL DEFAULT '{{}}',
+            deployment_version int NOT NULL DEFAULT 0, ready_at timestamptz,
             PRIMARY KEY (workspace, container_id))""",
                 f"CREATE INDEX IF NOT EXISTS containers_status ON {schema}.containers (status)"]
 
@@ -60,9 +62,13 @@ class ContainersView(Projection):
                     gpu_count=EXCLUDED.gpu_count, pool=EXCLUDED.pool, checkpoint_id=EXCLUDED.checkpoint_id,
                     requested_at=COALESCE({schema}.containers.requested_at, EXCLUDED.requested_at),
                     updated_at=EXCLUDED.updated_at, correlation_id=EXCLUDED.correlation_id,
-                    version={schema}.containers.version + 1""",
+                    version={schema}.containers.version + 1, ready_at=NULL""",
                 env.workspace, ev.container_id, ev.deployment_id, ev.cpu_millicores, ev.memory_mib, list(ev.gpu),
                 ev.gpu_count, ev.pool, ev.checkpoint_id, at, env.correlation_id)
+            await conn.execute(
+                f"""UPDATE {schema}.containers SET last_seq=$3, attempt=$4, excluded_workers=$5, deployment_version=$6
+                    WHERE workspace=$1 AND container_id=$2""",
+                env.workspace, ev.container_id, seq, ev.attempt, list(ev.excluded_workers), ev.deployment_version)
             return
         await conn.execute(
             f"""INSERT INTO {schema}.containers (workspace, container_id, status, updated_at, correlation_id, version)
@@ -77,19 +83,21 @@ class ContainersView(Projection):
         await conn.execute(
             f"""UPDATE {schema}.containers SET worker_id = CASE WHEN $3 <> '' THEN $3 ELSE worker_id END,
                 address = CASE WHEN $4 <> '' THEN $4 ELSE address END,
-                reason = CASE WHEN $5 <> '' THEN $5 ELSE reason END, exit_code = COALESCE($6, exit_code)
+                reason = CASE WHEN $5 <> '' THEN $5 ELSE reason END, exit_code = COALESCE($6, exit_code),
+                last_seq = $7, ready_at = CASE WHEN $3 <> '' AND $4 <> '' THEN $8 ELSE ready_at END
                 WHERE workspace = $1 AND container_id = $2""",
-            env.workspace, ev.container_id, worker, address, reason, exit_code)
+            env.workspace, ev.container_id, worker, address, reason, exit_code, seq, at)
 
 
 WORKER_STATUS = {"WorkerProvisioned": "provisioning", "WorkerRegistered": "registered", "WorkerReady": "ready",
                  "WorkerLost": "lost", "WorkerDrained": "drained"}
+SLOT_EVENTS = ("WorkerSlotReserved", "WorkerSlotReleased", "WorkerCordoned", "WorkerUncordoned")
 
 
 class WorkersView(Projection):
     name = "workers"
     filter_subjects = ("levers9._sys.worker.>",)
-    tables = ("workers",)
+    tables = ("workers", "worker_slots")
 
     def ddl(self, schema: str) -> list[str]:
         return [f"""CREATE TABLE IF NOT EXISTS {schema}.workers (
@@ -97,26 +105,68 @@ class WorkersView(Projection):
             cpu_millicores int NOT NULL DEFAULT 0, memory_mib int NOT NULL DEFAULT 0,
             gpu_type text NOT NULL DEFAULT '', gpu_count int NOT NULL DEFAULT 0,
             features text[] NOT NULL DEFAULT '{{}}', address text NOT NULL DEFAULT '',
-            backend text NOT NULL DEFAULT '', updated_at timestamptz NOT NULL, version int NOT NULL DEFAULT 0)"""]
+            backend text NOT NULL DEFAULT '', updated_at timestamptz NOT NULL, version int NOT NULL DEFAULT 0,
+            cordoned boolean NOT NULL DEFAULT false, draining boolean NOT NULL DEFAULT false,
+            cpu_used int NOT NULL DEFAULT 0, memory_used int NOT NULL DEFAULT 0, gpu_used int NOT NULL DEFAULT 0,
+            last_seq bigint NOT NULL DEFAULT 0, token_id text NOT NULL DEFAULT '')""",
+                f"""CREATE TABLE IF NOT EXISTS {schema}.worker_slots (
+            worker_id text NOT NULL, container_id text NOT NULL, workspace text NOT NULL, cpu_millicores int NOT NULL,
+            memory_mib int NOT NULL, gpu_count int NOT NULL, reserved_seq bigint NOT NULL,
+            PRIMARY KEY (worker_id, container_id))"""]
 
     async def apply(self, conn: asyncpg.Connection, schema: str, msg: Message, seq: int) -> None:
         ev, at = msg.event, occurred(msg)
+        await conn.execute(f"UPDATE {schema}.workers SET last_seq = $2 WHERE worker_id = $1", ev.worker_id, seq)
+        if msg.envelope.type in SLOT_EVENTS:
+            await self._slots(conn, schema, ev, seq)
+            return
         status = WORKER_STATUS.get(msg.envelope.type)
         if status is None:
             return
         await conn.execute(
             f"""INSERT INTO {schema}.workers (worker_id, status, updated_at, version) VALUES ($1, $2, $3, 1)
                 ON CONFLICT (worker_id) DO UPDATE SET status = $2, updated_at = $3,
-                version = {schema}.workers.version + 1""", ev.worker_id, status, at)
+                version = {schema}.workers.version + 1, last_seq = $4""", ev.worker_id, status, at, seq)
         if isinstance(ev, E.WorkerRegistered):
             await conn.execute(
                 f"""UPDATE {schema}.workers SET pool=$2, cpu_millicores=$3, memory_mib=$4, gpu_type=$5,
                     gpu_count=$6, features=$7, address=$8 WHERE worker_id=$1""",
                 ev.worker_id, ev.pool, ev.cpu_millicores, ev.memory_mib, ev.gpu_type, ev.gpu_count,
                 list(ev.features), ev.address)
+            if ev.token_id:
+                await conn.execute(f"UPDATE {schema}.workers SET token_id=$2 WHERE worker_id=$1", ev.worker_id,
+                                   ev.token_id)
         elif isinstance(ev, E.WorkerProvisioned):
             await conn.execute(f"UPDATE {schema}.workers SET pool=$2, backend=$3 WHERE worker_id=$1",
                                ev.worker_id, ev.pool, ev.backend)
+
+    async def _slots(self, conn: asyncpg.Connection, schema: str, ev: E.Event, seq: int) -> None:
+        """Capacity bookkeeping. A release of a slot that is not there changes nothing (idempotent)."""
+        if isinstance(ev, E.WorkerSlotReserved):
+            inserted = await conn.fetchval(
+                f"""INSERT INTO {schema}.worker_slots VALUES ($1,$2,$3,$4,$5,$6,$7) ON CONFLICT DO NOTHING
+                    RETURNING 1""", ev.worker_id, ev.container_id, ev.workspace, ev.cpu_millicores,
+                ev.memory_mib, ev.gpu_count, seq)
+            if inserted:
+                await conn.execute(
+                    f"""UPDATE {schema}.workers SET cpu_used = cpu_used + $2, memory_used = memory_used + $3,
+                        gpu_used = gpu_used + $4 WHERE worker_id = $1""",
+                    ev.worker_id, ev.cpu_millicores, ev.memory_mib, ev.gpu_count)
+        elif isinstance(ev, E.WorkerSlotReleased):
+            row = await conn.fetchrow(
+                f"DELETE FROM {schema}.worker_slots WHERE worker_id=$1 AND container_id=$2 RETURNING *",
+                ev.worker_id, ev.container_id)
+            if row:
+                await conn.execute(
+                    f"""UPDATE {schema}.workers SET cpu_used = cpu_used - $2, memory_used = memory_used - $3,
+                        gpu_used = gpu_used - $4 WHERE worker_id = $1""",
+                    ev.worker_id, row["cpu_millicores"], row["memory_mib"], row["gpu_count"])
+        elif isinstance(ev, E.WorkerCordoned):
+            await conn.execute(f"UPDATE {schema}.workers SET cordoned = true, draining = $2 WHERE worker_id = $1",
+                               ev.worker_id, ev.drain)
+        elif isinstance(ev, E.WorkerUncordoned):
+            await conn.execute(f"UPDATE {schema}.workers SET cordoned = false, draining = false WHERE worker_id=$1",
+                               ev.worker_id)
 
 
 class TokensView(Projection):
@@ -128,16 +178,17 @@ class TokensView(Projection):
     def ddl(self, schema: str) -> list[str]:
         return [f"""CREATE TABLE IF NOT EXISTS {schema}.tokens (
             token_id text PRIMARY KEY, workspace text NOT NULL, token_sha256 text NOT NULL, name text NOT NULL,
-            revoked boolean NOT NULL DEFAULT false, created_at timestamptz NOT NULL)""",
+            revoked boolean NOT NULL DEFAULT false, created_at timestamptz NOT NULL,
+            scope text NOT NULL DEFAULT 'workspace')""",
                 f"CREATE INDEX IF NOT EXISTS tokens_sha ON {schema}.tokens (token_sha256)"]
 
     async def apply(self, conn: asyncpg.Connection, schema: str, msg: Message, seq: int) -> None:
         ev = msg.event
         if isinstance(ev, E.TokenCreated):
             await conn.execute(
-                f"""INSERT INTO {schema}.tokens (token_id, workspace, token_sha256, name, created_at)
-                    VALUES ($1,$2,$3,$4,$5) ON CONFLICT (token_id) DO NOTHING""",
-                ev.token_id, msg.envelope.workspace, ev.token_sha256, ev.name, occurred(msg))
+                f"""INSERT INTO {schema}.tokens (token_id, workspace, token_sha256, name, created_at, scope)
+                    VALUES ($1,$2,$3,$4,$5,$6) ON CONFLICT (token_id) DO NOTHING""",
+                ev.token_id, msg.envelope.workspace, ev.token_sha256, ev.name, occurred(msg), ev.scope)
         elif isinstance(ev, E.TokenRevoked):
             await conn.execute(f"UPDATE {schema}.tokens SET revoked = true WHERE token_id = $1", ev.token_id)
 
@@ -151,7 +202,8 @@ class DeploymentsView(Projection):
         return [f"""CREATE TABLE IF NOT EXISTS {schema}.deployments (
             workspace text NOT NULL, deployment_id text NOT NULL, name text NOT NULL, version int NOT NULL,
             spec jsonb NOT NULL, status text NOT NULL, created_at timestamptz NOT NULL,
-            PRIMARY KEY (workspace, deployment_id))"""]
+            PRIMARY KEY (workspace, deployment_id))""",
+                f"CREATE INDEX IF NOT EXISTS deployments_name ON {schema}.deployments (workspace, name, version)"]
 
     async def apply(self, conn: asyncpg.Connection, schema: str, msg: Message, seq: int) -> None:
         ev = msg.event
@@ -161,9 +213,33 @@ class DeploymentsView(Projection):
                     created_at) VALUES ($1,$2,$3,$4,$5,'active',$6) ON CONFLICT DO NOTHING""",
                 msg.envelope.workspace, ev.deployment_id, ev.name, ev.version, bytes(msg.envelope.data).decode(),
                 occurred(msg))
-        elif isinstance(ev, E.DeploymentStopped):
-            await conn.execute(f"UPDATE {schema}.deployments SET status='stopped' WHERE workspace=$1 AND "
-                               "deployment_id=$2", msg.envelope.workspace, ev.deployment_id)
+        elif isinstance(ev, (E.DeploymentStopped, E.DeploymentDeleted)):
+            status = "stopped" if isinstance(ev, E.DeploymentStopped) else "deleted"
+            await conn.execute(f"UPDATE {schema}.deployments SET status=$3 WHERE workspace=$1 AND "
+                               "deployment_id=$2", msg.envelope.workspace, ev.deployment_id, status)
+
+
+class SecretsView(Projection):
+    """Secrets as ciphertext; only a holder of LEVERS9_SECRET_KEY can read them."""
+    name = "secrets"
+    filter_subjects = ("levers9.*.secret.>",)
+    tables = ("secrets",)
+
+    def ddl(self, schema: str) -> list[str]:
+        return [f"""CREATE TABLE IF NOT EXISTS {schema}.secrets (
+            workspace text NOT NULL, name text NOT NULL, ciphertext text NOT NULL, updated_at timestamptz NOT NULL,
+            PRIMARY KEY (workspace, name))"""]
+
+    async def apply(self, conn: asyncpg.Connection, schema: str, msg: Message, seq: int) -> None:
+        ev = msg.event
+        if isinstance(ev, E.SecretSet):
+            await conn.execute(
+                f"""INSERT INTO {schema}.secrets VALUES ($1,$2,$3,$4) ON CONFLICT (workspace, name)
+                    DO UPDATE SET ciphertext=$3, updated_at=$4""", msg.envelope.workspace, ev.name, ev.ciphertext,
+                occurred(msg))
+        elif isinstance(ev, E.SecretDeleted):
+            await conn.execute(f"DELETE FROM {schema}.secrets WHERE workspace=$1 AND name=$2",
+                               msg.envelope.workspace, ev.name)
 
 
 CHECKPOINT_STATUS = {"CheckpointDumped": "dumped", "CheckpointStored": "available",

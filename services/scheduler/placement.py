@@ -1,0 +1,120 @@
+"""Placement: which worker runs a container. Pure; no I/O.
+
+The order of the steps is the policy:
+1. keep only workers that may take work at all: ready, not cordoned, in the requested pool, not
+   excluded (a worker that lost this container before), with every runtime feature asked for;
+2. GPU: try the acceptable GPU types in the caller's order of preference; the first type that has a
+   worker with enough free GPUs decides the candidates (a worse type is used only when no better
+   one fits); a request with gpu_count and no type takes any GPU;
+3. keep those with enough free cpu and memory;
+4. rank best-fit: the fullest worker that still fits wins, so idle workers drain to zero and can be
+   scaled down; ties go to the lowest worker id, so two schedulers agree.
+When nothing fits, the reason names the step that emptied the list.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class WorkerState:
+    worker_id: str
+    pool: str
+    status: str  # ready | registered | lost | ...
+    cpu_millicores: int
+    memory_mib: int
+    gpu_type: str = ""
+    gpu_count: int = 0
+    cpu_used: int = 0
+    memory_used: int = 0
+    gpu_used: int = 0
+    features: frozenset[str] = frozenset()
+    cordoned: bool = False
+    last_seq: int = 0
+
+    @property
+    def cpu_free(self) -> int:
+        return self.cpu_millicores - self.cpu_used
+
+    @property
+    def memory_free(self) -> int:
+        return self.memory_mib - self.memory_used
+
+    @property
+    def gpu_free(self) -> int:
+        return self.gpu_count - self.gpu_used
+
+
+@dataclass(frozen=True)
+class Request:
+    container_id: str
+    cpu_millicores: int
+    memory_mib: int
+    pool: str = "default"
+    gpu: tuple[str, ...] = ()
+    gpu_count: int = 0
+    features: frozenset[str] = frozenset()
+    excluded: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True)
+class Placement:
+    worker_id: str | None
+    reason: str = ""
+    candidates: tuple[str, ...] = field(default=())
+
+
+def eligible(req: Request, w: WorkerState) -> bool:
+    return (w.status == "ready" and not w.cordoned and w.pool == req.pool and w.worker_id not in req.excluded
+            and req.features <= w.features)
+
+
+def gpu_candidates(req: Request, workers: list[WorkerState]) -> tuple[list[WorkerState], str]:
+    if req.gpu_count <= 0 and not req.gpu:
+        return [w for w in workers], ""
+    count = max(1, req.gpu_count)
+    if not req.gpu:
+        fit = [w for w in workers if w.gpu_type and w.gpu_free >= count]
+        return fit, "" if fit else f"no worker has {count} free GPU(s)"
+    for gpu_type in req.gpu:  # order of preference
+        fit = [w for w in workers if w.gpu_type == gpu_type and w.gpu_free >= count]
+        if fit:
+            return fit, ""
+    return [], f"no worker has {count} free GPU(s) of type {' or '.join(req.gpu)}"
+
+
+def score(req: Request, w: WorkerState) -> tuple[float, str]:
+    """Lower is better: the share of the worker left free after placing, averaged over cpu and memory."""
+    cpu_left = (w.cpu_free - req.cpu_millicores) / max(1, w.cpu_millicores)
+    mem_left = (w.memory_free - req.memory_mib) / max(1, w.memory_mib)
+    return ((cpu_left + mem_left) / 2, w.worker_id)
+
+
+def place(req: Request, workers: list[WorkerState]) -> Placement:
+    pool_workers = [w for w in workers if w.pool == req.pool]
+    usable = [w for w in pool_workers if eligible(req, w)]
+    if not usable:
+        if not pool_workers:
+            return Placement(None, f"no worker in pool {req.pool!r}")
+        missing = sorted(req.features - frozenset().union(*(w.features for w in pool_workers)))
+        if missing:
+            return Placement(None, f"no worker in pool {req.pool!r} has {', '.join(missing)}")
+        return Placement(None, f"no ready, uncordoned worker in pool {req.pool!r}")
+    gpu_fit, why = gpu_candidates(req, usable)
+    if not gpu_fit:
+        return Placement(None, why)
+    fits = [w for w in gpu_fit if w.cpu_free >= req.cpu_millicores and w.memory_free >= req.memory_mib]
+    if not fits:
+        return Placement(None, f"no worker has {req.cpu_millicores}m cpu and {req.memory_mib} MiB free "
+                               f"({len(gpu_fit)} ready in pool {req.pool!r})")
+    ranked = sorted(fits, key=lambda w: score(req, w))
+    return Placement(ranked[0].worker_id, "", tuple(w.worker_id for w in ranked))
+
+
+def reserve(w: WorkerState, req: Request, new_seq: int) -> WorkerState:
+    """The worker after a successful reservation (what the projection will say once it catches up)."""
+    from dataclasses import replace
+    return replace(w, cpu_used=w.cpu_used + req.cpu_millicores, memory_used=w.memory_used + req.memory_mib,
+                   gpu_used=w.gpu_used + (max(1, req.gpu_count) if (req.gpu or req.gpu_count) else 0),
+                   last_seq=new_seq)
