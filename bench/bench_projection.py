@@ -248,6 +248,14 @@ async def latency(bus: Bus, pool: asyncpg.Pool, home: Path, args: argparse.Names
     await p.stop()
     e2e = [(p.applied_at[r[0]] - r[1]) * 1000 for r in pub["records"]]
     acks = [(r[2] - r[1]) * 1000 for r in pub["records"]]
+    # where the slow ones are: per second of the run, p99 and max (stalls show up as one bad second)
+    by_second: dict[int, list[float]] = {}
+    for r, ms in zip(pub["records"], e2e):
+        by_second.setdefault(int(r[1] - pub["t_start"]), []).append(ms)
+    per_second = [{"second": k, **{x: v for x, v in percentiles(vs).items() if x in ("n", "p50_ms", "p99_ms", "max_ms")}}
+                  for k, vs in sorted(by_second.items())]
+    # the parts of it: publish -> ack (NATS stored it), ack -> applied (consumer fetch + apply + commit)
+    after_ack = [(p.applied_at[r[0]] - r[2]) * 1000 for r in pub["records"]]
     stats = percentiles(e2e)
     log(f"latency at {args.rate:,.0f}/s offered ({pub['achieved_rate']:,.0f}/s achieved, {len(e2e)} events): "
         f"publish->applied p50 {stats['p50_ms']} ms, p90 {stats['p90_ms']} ms, p99 {stats['p99_ms']} ms, "
@@ -256,6 +264,7 @@ async def latency(bus: Bus, pool: asyncpg.Pool, home: Path, args: argparse.Names
         f"{verdict(stats['p99_ms'], TARGET_P99_MS, higher_is_better=False)}")
     return {"offered_rate": args.rate, "achieved_rate": pub["achieved_rate"], "seconds": args.seconds,
             "batch": args.batch, "publish_to_applied": stats, "publish_ack": percentiles(acks),
+            "ack_to_applied": percentiles(after_ack), "per_second": per_second,
             "max_schedule_slip_ms": pub["max_schedule_slip_ms"], "batches": p.batches,
             "mean_batch_size": round(len(e2e) / max(1, p.batches), 1), "cores_used": cores,
             "target_p99_ms": TARGET_P99_MS,

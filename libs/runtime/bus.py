@@ -28,7 +28,7 @@ log = logging.getLogger("levers9.bus")
 
 DUPLICATE_WINDOW_S = 120.0
 HEARTBEAT_BUCKET = "levers9_heartbeats"
-HEARTBEAT_TTL_S = 15.0
+HEARTBEAT_TTL_S = 6.0  # a worker beats every 2 s; three missed beats and its key is gone
 ERR_WRONG_LAST_SEQUENCE = 10071
 
 # Connection-level failures worth retrying with the same msg id; API errors (a conflict) are not.

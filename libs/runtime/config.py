@@ -36,6 +36,8 @@ class Settings:
     http_port: int = 0
     worker_id: str = ""
     worker_pool: str = "default"
+    worker_cpu_millicores: int = 0  # capacity a worker offers; 0: the whole machine
+    worker_memory_mib: int = 0
     worker_token: str = ""  # the token the pool controller gave this worker alone
     runtime: str = "auto"  # auto | runc | process
     bridge_name: str = "levers9br0"

@@ -649,7 +649,12 @@ class Stack:
             if self._running_pid(name, progress) is not None:
                 self.stop_service(name, progress=progress)
             self._stop_strays(name, progress)
-        spawned = [self._spawn_service(name, urls, extra_env, command, progress) for name in names]
+        # ports are chosen before anything starts, so every service is told where the gateway is
+        planned = {name: free_port() for name in names}
+        gateway_port = planned.get("gateway") or self.read_state()["components"].get("gateway", {}).get("port")
+        if gateway_port:
+            extra_env = {"LEVERS9_GATEWAY_URL": f"http://{LOCALHOST}:{gateway_port}", **(extra_env or {})}
+        spawned = [self._spawn_service(name, urls, extra_env, command, progress, planned[name]) for name in names]
         ports: dict[str, int] = {}
         failure: StackError | None = None
         try:
@@ -672,9 +677,9 @@ class Stack:
         return ports
 
     def _spawn_service(self, name: str, urls: dict[str, str], extra_env: dict[str, str] | None,
-                       command: list[str] | None,
-                       progress: Progress) -> tuple[str, subprocess.Popen, int, int]:
-        port = free_port()
+                       command: list[str] | None, progress: Progress,
+                       port: int | None = None) -> tuple[str, subprocess.Popen, int, int]:
+        port = port or free_port()
         cmd = command or [sys.executable, "-m", "levers9", "service", name]
         progress(f"{name}: starting on {LOCALHOST}:{port}")
         proc, offset = self._spawn(name, cmd, env=self._service_env_vars(name, port, urls, extra_env))

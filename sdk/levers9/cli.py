@@ -69,20 +69,35 @@ def service(name: str = typer.Argument(..., help=f"one of: {', '.join(SERVICES)}
 @app.command()
 def up(json_out: bool = typer.Option(False, "--json", help="print the status as JSON")) -> None:
     """Start NATS, PostgreSQL, S3 and the six services on this machine; write the profile."""
+    from levers9.runtime.secrets import new_key
     from levers9.runtime.stack import Stack, StackError
 
     s = settings()
-    stack = Stack(s.home_path, s)
+    profile = s.home_path / "config.toml"
+    if not s.secret_key:  # encrypts secrets in the log; generated once, kept in the profile
+        write_profile(profile, {"secret_key": new_key()})
+        s = settings()
     try:
         with console.status("starting levers9") as spinner:
-            state = stack.up(progress=lambda msg: (spinner.update(msg), console.print(f"  {msg}")))
+            def progress(msg: str) -> None:
+                spinner.update(msg)
+                console.print(f"  {msg}")
+
+            urls = Stack(s.home_path, s).start_servers(progress=progress)
+            if not s.worker_token:  # the static worker local-1 gets a token valid for it alone
+                token = "l9w_" + secrets.token_urlsafe(32)
+                asyncio.run(publish_token(urls["nats_url"], token, "worker local-1", scope="worker:local-1"))
+                write_profile(profile, {"worker_token": token})
+                s = settings()
+            stack = Stack(s.home_path, s)
+            state = stack.up(progress=progress)
             spinner.update("creating a token for workspace default")
             gateway_url = state["gateway_url"]
-            token = ensure_token(s, gateway_url, server_urls(s)["nats_url"])
+            token = ensure_token(s, gateway_url, urls["nats_url"])
     except StackError as exc:
         fail(str(exc))
-    write_profile(s.home_path / "config.toml", {"gateway_url": gateway_url, "token": token})
-    console.print(f"levers9 is up. Profile: {s.home_path / 'config.toml'}")
+    write_profile(profile, {"gateway_url": gateway_url, "token": token})
+    console.print(f"levers9 is up. Profile: {profile}")
     show_status(stack, json_out)
 
 
@@ -111,7 +126,8 @@ def ensure_token(s: Settings, gateway_url: str, nats_url: str) -> str:
     return ""
 
 
-async def publish_token(nats_url: str, token: str, name: str, workspace: str = "default") -> str:
+async def publish_token(nats_url: str, token: str, name: str, workspace: str = "default",
+                        scope: str = "workspace") -> str:
     import hashlib
 
     from levers9.contracts import envelope, uuid7
@@ -122,7 +138,7 @@ async def publish_token(nats_url: str, token: str, name: str, workspace: str = "
     try:
         await bus.ensure_topology()
         token_id = uuid7()
-        await bus.publish(envelope(E.TokenCreated(token_id=token_id, name=name,
+        await bus.publish(envelope(E.TokenCreated(token_id=token_id, name=name, scope=scope,
                                                   token_sha256=hashlib.sha256(token.encode()).hexdigest()),
                                    workspace=workspace))
         return token_id

@@ -126,6 +126,7 @@ def ensure_base_rootfs(cache_dir: Path, progress: Callable[[str], None] = lambda
         try:
             _debootstrap(tmp, host_mirror(), progress)
             _strip(tmp)
+            _configure(tmp)
             for mount_point in MOUNT_POINTS:
                 (tmp / mount_point).mkdir(parents=True, exist_ok=True)
             os.rename(tmp, final)
@@ -176,6 +177,13 @@ def _strip(root: Path) -> None:
                     child.unlink(missing_ok=True)
     for cached in (root / "var/cache/debconf").glob("*-old"):
         cached.unlink(missing_ok=True)
+
+
+def _configure(root: Path) -> None:
+    """No trace of the build host: debootstrap copies its resolver and host name."""
+    (root / "etc/resolv.conf").write_text("# levers9: no DNS; containers reach only their bridge subnet\n")
+    (root / "etc/hosts").write_text("127.0.0.1\tlocalhost\n::1\tlocalhost\n")
+    (root / "etc/hostname").write_text("levers9\n")
 
 
 def _remove_stale_builds(parent: Path) -> None:

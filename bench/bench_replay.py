@@ -1,0 +1,198 @@
+"""Benchmark: replaying the log, in-process (`levers9.runtime.reader.read`) and with the CLI
+(`levers9 events replay --json`), against a real NATS server started for the run.
+
+The log: --events (default 100,000) events of realistic lifecycles in several workspaces: per container
+ContainerRequested -> ContainerScheduled -> ContainerStarted -> ContainerReady -> ContainerStopped,
+each lifecycle one correlation, plus DeploymentCreated and platform (_sys) worker events. Published
+concurrently (publish_async with Nats-Msg-Id = envelope id) to make the setup quick.
+
+Measured (each --repeat times, median reported):
+  reader            the loop `async for msgs in read(bus)` over every message (what `replay` builds on)
+  reader+decode     the same, plus full `levers9.contracts.decode` of each message (what a rebuild does)
+  cli               `python -m levers9 events replay --json > /dev/null`, the whole command
+  cli --type        server-side filter: `--type ContainerRequested`
+  cli --workspace   server-side filter: `--workspace acme`
+  cli --correlation-id   client-side filter: reads the whole log, prints one lifecycle
+  cli startup       `... --to-seq 1`: interpreter, imports, connect (included in every cli figure)
+  cli table         the table output (no --json) over the first --table-events events
+
+Target: `levers9 events replay` >= 50,000 events/s over 100k events.
+
+  python bench/bench_replay.py [--events 100000] [--repeat 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _common import CpuMeter, log, publish_many, servers, verdict, write_results  # noqa: E402
+
+from levers9.contracts import caused_by, decode, envelope  # noqa: E402
+from levers9.contracts import events as E  # noqa: E402
+from levers9.runtime.bus import Bus  # noqa: E402
+from levers9.runtime.reader import read  # noqa: E402
+
+TARGET = 50_000.0
+WORKSPACES = ("acme", "globex", "initech", "umbrella", "hooli")
+
+
+def make_log(n: int) -> list:
+    """About n envelopes: whole lifecycles, interleaved across workspaces like a busy system."""
+    out = []
+    i = 0
+    while len(out) < n:
+        ws = WORKSPACES[i % len(WORKSPACES)]
+        worker = f"worker-{i % 40:02d}"
+        if i % 500 == 0:  # now and then a deployment and a worker coming up
+            out.append(envelope(E.DeploymentCreated(deployment_id=f"d{i // 500:04d}", name=f"app{i // 500}",
+                                                    image="registry.local/app:1"), workspace=ws))
+            out.append(envelope(E.WorkerRegistered(worker_id=worker, cpu_millicores=16000, memory_mib=65536,
+                                                   features=["runc", "criu"]), workspace=ws))
+        cid = f"c{i:06d}"
+        req = envelope(E.ContainerRequested(container_id=cid, deployment_id=f"d{i // 500:04d}",
+                                            image="registry.local/app:1", cpu_millicores=500, memory_mib=512),
+                       workspace=ws)
+        sched = caused_by(req, E.ContainerScheduled(container_id=cid, worker_id=worker))
+        started = caused_by(sched, E.ContainerStarted(container_id=cid, worker_id=worker))
+        ready = caused_by(started, E.ContainerReady(container_id=cid, worker_id=worker,
+                                                    address=f"http://10.90.{i % 250}.2:8000"))
+        stopped = caused_by(ready, E.ContainerStopped(container_id=cid, worker_id=worker, reason="idle"))
+        out += [req, sched, started, ready, stopped]
+        i += 1
+    return out[:n]
+
+
+async def time_reader(url: str, decode_too: bool) -> tuple[int, float]:
+    bus = await Bus.connect(url, name="levers9-bench-reader")
+    try:
+        count = 0
+        t0 = time.perf_counter()
+        async for msgs in read(bus):
+            if decode_too:
+                for m in msgs:
+                    decode(m.data, m.subject)
+            count += len(msgs)
+        return count, time.perf_counter() - t0
+    finally:
+        await bus.close()
+
+
+def time_cli(url: str, home: Path, args: list[str], out_path: str = os.devnull) -> tuple[int, float]:
+    env = {**os.environ, "LEVERS9_NATS_URL": url, "LEVERS9_HOME": str(home), "COLUMNS": "250"}
+    t0 = time.perf_counter()
+    with open(out_path, "wb") as out:
+        proc = subprocess.run([sys.executable, "-m", "levers9", "events", "replay", *args], stdout=out,
+                              stderr=subprocess.PIPE, env=env, timeout=300)
+    elapsed = time.perf_counter() - t0
+    if proc.returncode != 0:
+        raise RuntimeError(f"replay {args} exited {proc.returncode}: {proc.stderr.decode()[-2000:]}")
+    m = re.search(rb"(\d+) events", proc.stderr)
+    if not m:
+        raise RuntimeError(f"replay {args}: no count in its stderr: {proc.stderr.decode()[-2000:]}")
+    return int(m.group(1)), elapsed
+
+
+def summarize(name: str, runs: list[tuple[int, float]], scanned: int, cores: dict | None = None) -> dict:
+    counts = {c for c, _ in runs}
+    secs = [s for _, s in runs]
+    med = statistics.median(secs)
+    doc = {"printed": runs[0][0], "scanned": scanned, "seconds_runs": [round(s, 3) for s in secs],
+           "seconds_median": round(med, 3), "events_per_s": round(scanned / med, 1)}
+    if cores:
+        doc["cores_used"] = cores
+    if len(counts) != 1:
+        raise AssertionError(f"{name}: runs printed different counts {counts}")
+    log(f"{name:<28} {runs[0][0]:>7} printed, {scanned:>7} read  median {med:6.2f} s  "
+        f"= {scanned / med:>9,.0f} events/s" + (f"  cores {cores}" if cores else ""))
+    return doc
+
+
+async def main(args: argparse.Namespace) -> dict:
+    res: dict = {"args": vars(args)}
+    with servers(args.with_s3) as (urls, home):
+        url = urls["nats_url"]
+        bus = await Bus.connect(url, name="levers9-bench")
+        await bus.ensure_topology()
+        t = time.perf_counter()
+        envs = make_log(args.events)
+        t_make = time.perf_counter() - t
+        t = time.perf_counter()
+        for start in range(0, len(envs), 20_000):
+            await publish_many(bus, envs[start:start + 20_000])
+        t_pub = time.perf_counter() - t
+        info = await bus.js.stream_info("LEVERS9")
+        await bus.close()
+        n = info.state.messages
+        assert n == args.events, f"the stream holds {n} messages, expected {args.events}"
+        log(f"log: {n} events, {info.state.bytes / 1e6:.1f} MB, made in {t_make:.1f} s, published in "
+            f"{t_pub:.1f} s ({n / t_pub:,.0f}/s)")
+        res["log"] = {"events": n, "bytes": info.state.bytes, "publish_rate": round(n / t_pub, 1),
+                      "types": sorted({e.type for e in envs}), "workspaces": sorted({e.workspace for e in envs})}
+        n_requested = sum(1 for e in envs if e.type == "ContainerRequested")
+        n_acme = sum(1 for e in envs if e.workspace == "acme")
+        cid = envs[len(envs) // 2].correlation_id
+        n_cid = sum(1 for e in envs if e.correlation_id == cid)
+        rep = args.repeat
+
+        async def reader_runs(decode_too: bool) -> tuple[list, dict]:
+            runs = []
+            meter = CpuMeter(home).start()
+            for _ in range(rep):
+                runs.append(await time_reader(url, decode_too))
+            return runs, meter.stop()
+
+        runs, cores = await reader_runs(False)
+        res["reader"] = summarize("reader (in-process)", runs, n, cores)
+        runs, cores = await reader_runs(True)
+        res["reader_decode"] = summarize("reader + decode", runs, n, cores)
+
+        def cli(name: str, cli_args: list[str], scanned: int, expect: int) -> dict:
+            meter = CpuMeter(home).start()
+            runs = [time_cli(url, home, cli_args) for _ in range(rep)]
+            cores = meter.stop()  # this process idles: the CLI child is "everything_else"
+            if runs[0][0] != expect:
+                raise AssertionError(f"{name}: printed {runs[0][0]}, expected {expect}")
+            return summarize(name, runs, scanned, cores)
+
+        res["cli_startup"] = cli("cli startup (--to-seq 1)", ["--json", "--to-seq", "1"], 1, 1)
+        res["cli"] = cli("cli --json", ["--json"], n, n)
+        res["cli_type"] = cli("cli --json --type", ["--json", "--type", "ContainerRequested"], n_requested,
+                              n_requested)
+        res["cli_workspace"] = cli("cli --json --workspace acme", ["--json", "--workspace", "acme"], n_acme, n_acme)
+        res["cli_correlation"] = cli("cli --json --correlation-id", ["--json", "--correlation-id", cid], n, n_cid)
+        if args.table_events:
+            res["cli_table"] = cli(f"cli table (first {args.table_events})", ["--to-seq", str(args.table_events)],
+                                   args.table_events, args.table_events)
+        startup = res["cli_startup"]["seconds_median"]
+        res["cli"]["events_per_s_excluding_startup"] = round(n / max(1e-9, res["cli"]["seconds_median"] - startup), 1)
+        rate = res["cli"]["events_per_s"]
+        res["target_events_per_s"] = TARGET
+        res["verdict"] = verdict(rate, TARGET)
+        log(f"`levers9 events replay --json` over {n} events: {rate:,.0f} events/s (whole command, median of "
+            f"{rep}); target {TARGET:,.0f}: {res['verdict']}")
+    return res
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--events", type=int, default=100_000)
+    ap.add_argument("--repeat", type=int, default=3, help="runs of each measurement (median reported)")
+    ap.add_argument("--table-events", type=int, default=10_000, help="events for the table output (0: skip)")
+    ap.add_argument("--with-s3", action="store_true", help="also start SeaweedFS, as `levers9 up` does")
+    ap.add_argument("--name", default="bench_replay", help="results file name (bench/results/NAME.json)")
+    a = ap.parse_args()
+    started = time.perf_counter()
+    result = asyncio.run(main(a))
+    result["wall_s"] = round(time.perf_counter() - started, 1)
+    write_results(a.name, result)

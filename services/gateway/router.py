@@ -1,0 +1,113 @@
+"""Routing calls of one deployment to its containers, holding them while none is ready.
+
+State is in memory, fed by the container events the gateway projects (no polling): which
+containers of a deployment are live, which are ready with an address, how many calls each serves.
+A call takes a slot on a ready container with spare concurrency; otherwise it waits (a bounded
+queue), and more containers are requested while the waiting calls outnumber what the starting
+ones will absorb, up to max_containers. A container that fails while calls wait for it fails
+those calls with its reason instead of leaving them to time out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from typing import Awaitable, Callable
+
+LIVE = {"requested", "pending", "scheduled", "starting", "ready"}
+
+
+class NoCapacity(Exception):
+    """No container became ready in time, or the queue is full: 503 with Retry-After."""
+
+
+class StartFailed(Exception):
+    """The container started for these calls failed: 502 with the reason."""
+
+
+@dataclass
+class Slot:
+    container_id: str
+    status: str
+    address: str = ""
+    inflight: int = 0
+
+
+@dataclass
+class DeploymentRouter:
+    deployment_id: str
+    concurrency: int
+    max_containers: int
+    max_queue: int = 1000
+    containers: dict[str, Slot] = field(default_factory=dict)
+    waiting: int = 0
+    last_failure: str = ""
+    failures: int = 0
+    changed: asyncio.Condition = field(default_factory=asyncio.Condition)
+    requesting: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    def live(self) -> list[Slot]:
+        return [s for s in self.containers.values() if s.status in LIVE]
+
+    def free_slot(self) -> Slot | None:
+        ready = [s for s in self.containers.values() if s.status == "ready" and s.address
+                 and s.inflight < self.concurrency]
+        return min(ready, key=lambda s: s.inflight) if ready else None
+
+    def wanted(self) -> int:
+        """How many more containers the waiting calls justify (pure: from the current state)."""
+        live = self.live()
+        starting = [s for s in live if s.status != "ready"]
+        absorbed = len(starting) * self.concurrency
+        short = self.waiting - absorbed
+        if short <= 0:
+            return 0
+        need = -(-short // self.concurrency)
+        return max(0, min(need, self.max_containers - len(live)))
+
+    async def update(self, container_id: str, status: str, address: str = "", reason: str = "") -> None:
+        async with self.changed:
+            slot = self.containers.setdefault(container_id, Slot(container_id, status))
+            slot.status = status
+            if address:
+                slot.address = address
+            if status in ("failed",) and reason:
+                self.last_failure = reason
+                self.failures += 1
+            if status not in LIVE:
+                self.containers.pop(container_id, None)
+            self.changed.notify_all()
+
+    async def acquire(self, timeout: float, request_container: Callable[[], Awaitable[str]]) -> Slot:
+        if self.waiting >= self.max_queue:
+            raise NoCapacity(f"{self.waiting} calls are already waiting for this deployment")
+        deadline = time.monotonic() + timeout
+        self.waiting += 1
+        failures_seen = self.failures
+        try:
+            async with self.changed:
+                while True:
+                    slot = self.free_slot()
+                    if slot is not None:
+                        slot.inflight += 1
+                        return slot
+                    if self.failures > failures_seen and not self.live():
+                        raise StartFailed(self.last_failure)
+                    for _ in range(self.wanted()):
+                        cid = await request_container()
+                        self.containers[cid] = Slot(cid, "requested")
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        raise NoCapacity(f"no container became ready within {timeout:.0f} s")
+                    try:
+                        await asyncio.wait_for(self.changed.wait(), timeout=remaining)
+                    except asyncio.TimeoutError:
+                        pass
+        finally:
+            self.waiting -= 1
+
+    async def release(self, slot: Slot) -> None:
+        async with self.changed:
+            slot.inflight -= 1
+            self.changed.notify_all()

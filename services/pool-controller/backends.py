@@ -1,0 +1,79 @@
+"""Where workers come from. `Backend` is the interface; `LocalBackend` starts worker processes on
+this machine. A Kubernetes backend (a pod per worker) implements the same three calls; it is not
+written yet."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+from abc import ABC, abstractmethod
+from pathlib import Path
+
+from .pools import PoolConfig
+
+
+class Backend(ABC):
+    name: str
+
+    @abstractmethod
+    def start_worker(self, pool: PoolConfig, worker_id: str, token: str) -> None:
+        """Start a worker that will register itself as `worker_id` using `token`."""
+
+    @abstractmethod
+    def stop_worker(self, worker_id: str) -> None:
+        """Stop it gracefully (it stops its containers and leaves)."""
+
+    @abstractmethod
+    def exited(self) -> list[str]:
+        """Workers this backend knows have died (faster than waiting for the heartbeat to expire)."""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class LocalBackend(Backend):
+    """Worker processes on this machine, each in its own session, logging to $LEVERS9_HOME/logs.
+    They inherit this controller's LEVERS9_* settings (servers, gateway, home)."""
+
+    name = "local"
+
+    def __init__(self, home: Path) -> None:
+        self.home = home
+        self.procs: dict[str, subprocess.Popen] = {}
+
+    def start_worker(self, pool: PoolConfig, worker_id: str, token: str) -> None:
+        env = {**os.environ, "LEVERS9_SERVICE": "worker", "LEVERS9_WORKER_ID": worker_id,
+               "LEVERS9_WORKER_POOL": pool.name, "LEVERS9_WORKER_TOKEN": token,
+               "LEVERS9_HTTP_PORT": str(_free_port()), "LEVERS9_HOME": str(self.home),
+               "LEVERS9_WORKER_CPU_MILLICORES": str(pool.worker_cpu_millicores),
+               "LEVERS9_WORKER_MEMORY_MIB": str(pool.worker_memory_mib)}
+        logs = self.home / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        with (logs / f"worker-{worker_id}.log").open("ab") as log:
+            self.procs[worker_id] = subprocess.Popen(
+                [sys.executable, "-m", "levers9", "service", "worker"], env=env, stdout=log, stderr=log,
+                stdin=subprocess.DEVNULL, start_new_session=True)
+
+    def stop_worker(self, worker_id: str) -> None:
+        proc = self.procs.get(worker_id)
+        if proc and proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+
+    def exited(self) -> list[str]:
+        gone = [wid for wid, p in self.procs.items() if p.poll() is not None]
+        for wid in gone:
+            self.procs.pop(wid)
+        return gone
+
+
+def make_backend(kind: str, home: Path) -> Backend:
+    if kind == "local":
+        return LocalBackend(home)
+    raise SystemExit(f"pool backend {kind!r} is not available here (only 'local'; a Kubernetes backend "
+                     "is not written yet)")

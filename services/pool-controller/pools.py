@@ -1,0 +1,85 @@
+"""Pools and the pure decision of how many workers each needs.
+
+pool_delta states the policy in order, as beta9's scheduler does:
+1. use ready capacity first: a pool with no backlog needs nothing new;
+2. wait on pending capacity second: while a worker of the pool is still provisioning, do not start
+   another for the same backlog;
+3. only provision when neither fits, up to max_workers;
+4. keep min_warm workers at all times; stop workers this controller started that have been idle
+   (no containers) longer than idle_timeout, down to min_warm.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class PoolConfig:
+    name: str
+    backend: str = "local"
+    gpu_type: str = ""
+    worker_cpu_millicores: int = 0  # 0: what the machine has
+    worker_memory_mib: int = 0
+    min_warm: int = 1
+    max_workers: int = 3
+    idle_timeout_s: float = 60.0
+
+
+@dataclass(frozen=True)
+class PoolWorker:
+    worker_id: str
+    status: str  # provisioning | registered | ready | lost | drained
+    managed: bool  # started by this controller's backend (only those are stopped when idle)
+    busy: bool  # has containers
+    idle_for_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class Delta:
+    start: int = 0
+    stop: tuple[str, ...] = field(default=())
+    reason: str = ""
+
+
+ALIVE = {"provisioning", "registered", "ready"}
+
+
+def pool_delta(pool: PoolConfig, workers: list[PoolWorker], backlog: int) -> Delta:
+    alive = [w for w in workers if w.status in ALIVE]
+    pending = [w for w in alive if w.status != "ready"]
+    room = max(0, pool.max_workers - len(alive))
+    if len(alive) < pool.min_warm:
+        return Delta(start=min(room, pool.min_warm - len(alive)), reason=f"keep {pool.min_warm} warm")
+    if backlog > 0:
+        if pending:
+            return Delta(reason=f"{backlog} waiting; {len(pending)} worker(s) already starting")
+        if room:
+            return Delta(start=1, reason=f"{backlog} container(s) waiting and no ready worker fits")
+        return Delta(reason=f"{backlog} waiting but the pool is at max_workers={pool.max_workers}")
+    idle = sorted((w for w in alive if w.status == "ready" and w.managed and not w.busy
+                   and w.idle_for_s >= pool.idle_timeout_s), key=lambda w: (-w.idle_for_s, w.worker_id))
+    surplus = len(alive) - pool.min_warm
+    stop = tuple(w.worker_id for w in idle[:max(0, surplus)])
+    return Delta(stop=stop, reason=f"idle longer than {pool.idle_timeout_s:.0f} s" if stop else "")
+
+
+def load_pools(path: str) -> dict[str, PoolConfig]:
+    """Pools from a TOML file (`[pools.NAME]` tables); no file: one local pool `default`."""
+    if not path:
+        return {"default": PoolConfig("default")}
+    file = Path(path)
+    if not file.exists():
+        raise SystemExit(f"pools file {path} does not exist (LEVERS9_POOLS_FILE)")
+    data = tomllib.loads(file.read_text())
+    pools = {}
+    for name, table in data.get("pools", {}).items():
+        unknown = set(table) - {f for f in PoolConfig.__dataclass_fields__ if f != "name"}
+        if unknown:
+            raise SystemExit(f"pool {name!r} in {path}: unknown keys {sorted(unknown)}")
+        pools[name] = PoolConfig(name=name, **table)
+    if not pools:
+        raise SystemExit(f"{path} defines no [pools.NAME] table")
+    return pools
