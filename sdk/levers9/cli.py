@@ -26,6 +26,8 @@ projections_app = typer.Typer(help="Read models kept by the services.", no_args_
 app.add_typer(events_app, name="events")
 app.add_typer(contracts_app, name="contracts")
 app.add_typer(projections_app, name="projections")
+from levers9.cli_app import register as _register_app_commands
+_register_app_commands(app)
 
 console = Console(stderr=True, soft_wrap=True)
 out = Console(width=None if sys.stdout.isatty() else 250)  # pipes and files get whole lines

@@ -57,12 +57,15 @@ def init_script(command: tuple[str, ...] | list[str]) -> str:
     """The container's PID 1: run `command` with stdio inside the container, forward signals,
     record the exit status (see the module docstring)."""
     app = " ".join(shlex.quote(arg) for arg in command)
+    traps = "".join(f"trap 'sig={sig}; [ -z \"$child\" ] || kill -{sig} \"$child\" 2>/dev/null' {sig}\n"
+                    for sig in ("TERM", "INT", "HUP"))
     return (f"exec </dev/null >>{LOG_FILE} 2>&1\n"
-            "trap 'kill -TERM \"$child\" 2>/dev/null' TERM\n"
-            "trap 'kill -INT \"$child\" 2>/dev/null' INT\n"
-            "trap 'kill -HUP \"$child\" 2>/dev/null' HUP\n"
+            "child=; sig=\n"
+            f"{traps}"
             f"{app} &\n"
             "child=$!\n"
+            # a signal that came before the app had a pid
+            "[ -z \"$sig\" ] || kill -\"$sig\" \"$child\" 2>/dev/null\n"
             # wait returns >128 when a trapped signal interrupts it: wait again while the app lives
             "while :; do wait \"$child\"; status=$?; kill -0 \"$child\" 2>/dev/null || break; done\n"
             f"echo \"$status\" >{EXIT_FILE}\n"
@@ -196,6 +199,9 @@ MNT_DETACH = 2
 
 
 def mount_overlay(lower: Path, upper: Path, work: Path, target: Path) -> None:
+    for path in (lower, upper, work):
+        if any(c in str(path) for c in ",:\\"):
+            raise ContainerError(f"overlay paths must not contain ',', ':' or '\\': {path}")
     options = f"lowerdir={lower},upperdir={upper},workdir={work}".encode()
     if _libc.mount(b"overlay", str(target).encode(), b"overlay", 0, options) != 0:
         err = ctypes.get_errno()
@@ -204,15 +210,19 @@ def mount_overlay(lower: Path, upper: Path, work: Path, target: Path) -> None:
 
 def unmount(target: Path) -> None:
     """Unmount `target` if it is a mount point (lazily if busy)."""
-    while is_mount_point(target):
+    for _ in range(8):  # overlays stacked on the same point come off one by one
+        if not is_mount_point(target):
+            return
         if _libc.umount2(str(target).encode(), 0) != 0:
             err = ctypes.get_errno()
             if err == errno.EBUSY:
                 _libc.umount2(str(target).encode(), MNT_DETACH)
-            elif err not in (errno.EINVAL, errno.ENOENT):
-                raise ContainerError(f"unmounting {target}: {os.strerror(err)}")
-            else:
+            elif err in (errno.EINVAL, errno.ENOENT):
                 return
+            else:
+                raise ContainerError(f"unmounting {target}: {os.strerror(err)}")
+    if is_mount_point(target):
+        raise ContainerError(f"{target} is still mounted")
 
 
 def is_mount_point(path: Path) -> bool:
@@ -250,7 +260,8 @@ class RuncRuntime(Runtime):
         self._base: Path | None = None
         self._bridge_ready = False
         self._live: dict[str, _Container] = {}
-        self._ended: dict[str, Exit] = {}
+        self._ended: dict[str, Exit] = {}  # stopped (torn down)
+        self._exited: dict[str, Exit] = {}  # seen ended by poll(), not stopped yet
         self._locks: dict[str, asyncio.Lock] = {}
 
     # -- setup --
@@ -294,6 +305,7 @@ class RuncRuntime(Runtime):
         except FileExistsError:
             raise ContainerError(f"container {cid} exists already (stop it first)") from None
         self._ended.pop(cid, None)
+        self._exited.pop(cid, None)
         rec = _Container(cid, ip="", port=spec.port, memory_mib=spec.memory_mib)
         try:
             names = self.names(cid)
@@ -337,9 +349,12 @@ class RuncRuntime(Runtime):
         rec = self._record(container_id)
         if rec is None:
             raise KeyError(container_id)
+        if container_id in self._exited:  # ended, not stopped yet: no more runc calls
+            return self._exited[container_id]
         if await self._is_running(rec):
             return None
-        return self._exit(rec)
+        self._exited[container_id] = self._exit(rec)
+        return self._exited[container_id]
 
     async def _is_running(self, rec: _Container) -> bool:
         # fast path: the init process is alive and no zombie (no exec of runc)
@@ -385,6 +400,7 @@ class RuncRuntime(Runtime):
             ended = await self._stop_process(rec, timeout)
             await self._teardown(container_id)
             self._live.pop(container_id, None)
+            self._exited.pop(container_id, None)
             self._ended[container_id] = ended
             return ended
 
@@ -432,6 +448,8 @@ class RuncRuntime(Runtime):
         rc, out, _ = await self._runc_cmd("list", "--format", "json")
         if rc == 0 and out.strip() not in ("", "null"):
             found |= {c["id"] for c in json.loads(out)}
+        # address claims of this state dir whose container dir is gone (a crash mid-teardown)
+        found |= {c.container_id for c in self.ipam.claims() if c.state_dir == str(self.state_dir)}
         found -= set(self._live)
         for cid in sorted(found):
             await self._teardown(cid)

@@ -22,7 +22,7 @@ import sys
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from levers9.runtime.config import Settings
@@ -178,7 +178,6 @@ class _Process:
     log: Path
     stop_requested: bool = False
     ended: Exit | None = None
-    extra: dict = field(default_factory=dict)
 
 
 class ProcessRuntime(Runtime):
@@ -187,7 +186,8 @@ class ProcessRuntime(Runtime):
 
     Each app runs in its own session, cwd = code_dir, with PYTHONPATH=sdk_dir and "python3" replaced
     by this interpreter. It listens on 127.0.0.1 at a free port, told by LEVERS9_RUNNER_HOST and
-    LEVERS9_RUNNER_PORT (`spec.port` is ignored here). Its output goes to `<state_dir>/logs/<id>.log`.
+    LEVERS9_RUNNER_PORT (`spec.port` is ignored here); LEVERS9_RUNNER_APP_DIR is code_dir unless
+    spec.env says otherwise. Its output goes to `<state_dir>/logs/<id>.log`.
     """
 
     name = "process"
@@ -215,6 +215,7 @@ class ProcessRuntime(Runtime):
         sdk = str(Path(spec.sdk_dir).resolve())
         env = {"PATH": os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin"),
                "HOME": os.environ.get("HOME", "/root"),
+               "LEVERS9_RUNNER_APP_DIR": str(Path(spec.code_dir).resolve()),  # not /app here
                **spec.env,
                "PYTHONPATH": sdk + (":" + spec.env["PYTHONPATH"] if spec.env.get("PYTHONPATH") else ""),
                "LEVERS9_RUNNER_HOST": "127.0.0.1", "LEVERS9_RUNNER_PORT": str(port)}

@@ -167,6 +167,10 @@ class WorkerService(Service):
         if row["worker_id"] != self.worker_id or row["status"] != "scheduled":
             log.info("placement of %s is stale (%s on %s); skipping", ev.container_id, row["status"], row["worker_id"])
             return
+        if not row["deployment_id"]:
+            c = Running(ev.container_id, row["workspace"], "", row["correlation_id"], 0, time.time())
+            await self.finish(c, Exit(None, "nothing to run: the request names no deployment"), failed=True)
+            return
         dep = await self.pool.fetchrow("SELECT * FROM worker.deployments WHERE workspace=$1 AND deployment_id=$2",
                                        row["workspace"], row["deployment_id"])
         if dep is None:

@@ -1,0 +1,373 @@
+"""CLI commands for apps: `levers9 deploy`, `serve`, and the deployments, containers, workers, token
+and secret groups. `register(app)` adds them to the `levers9` Typer app (see cli.py).
+
+Errors print "error: <sentence>" and exit 1, never a traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from levers9.app import ConfigError, load_app_file
+
+if TYPE_CHECKING:
+    from levers9.client import Client
+
+console = Console(stderr=True, soft_wrap=True)
+out = Console(width=None if sys.stdout.isatty() else 250, soft_wrap=True)
+
+JSON_OPTION = typer.Option(False, "--json", help="print JSON")
+
+
+def fail(message: str) -> None:
+    console.print(f"[red]error:[/red] {escape(message)}")
+    raise typer.Exit(1)
+
+
+@contextmanager
+def errors() -> Iterator[None]:
+    """Turn the SDK's and the client's errors into "error: ..." and exit status 1."""
+    from levers9.client import ClientError
+
+    try:
+        yield
+    except (ClientError, ConfigError) as exc:
+        fail(str(exc))
+
+
+def client() -> "Client":
+    from levers9.client import Client
+
+    return Client.from_profile()
+
+
+def print_json(doc: Any) -> None:
+    sys.stdout.write(json.dumps(doc, indent=2) + "\n")
+    sys.stdout.flush()
+
+
+def show_rows(rows: list[dict[str, Any]], columns: list[str], json_out: bool) -> None:
+    """A table of the preferred columns present in the rows (all keys if none is), or JSON."""
+    if json_out:
+        return print_json(rows)
+    present = [c for c in columns if any(c in r for r in rows)]
+    if not present:
+        present = list(dict.fromkeys(k for r in rows for k in r))
+    table = Table(*present)
+    for r in rows:
+        table.add_row(*[escape(_cell(r.get(c))) for c in present])
+    out.print(table)
+    if not rows:
+        console.print("none", style="dim")
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, (dict, list)):
+        return json.dumps(value)
+    return str(value)
+
+
+# ---- deploy and serve ----------------------------------------------------------------------------
+
+def deploy_file(get_client: Callable[[], "Client"], file: Path,
+                progress: Callable[[str], None]) -> list[dict[str, Any]]:
+    """Load the file's endpoints, package its directory, and POST each spec. -> the gateway's answers."""
+    from levers9.client import code_files, package_code
+
+    progress(f"loading {file}")
+    specs = load_app_file(file)
+    c = get_client()
+    directory = file.resolve().parent
+    count = len(code_files(directory))
+    progress(f"packaging {directory} ({count} .py files)")
+    code = package_code(directory)
+    results = []
+    for spec in specs:
+        progress(f"deploying {spec['name']} ({len(code) / 1024:.1f} KiB of code)")
+        answer = c.deploy(spec, code)
+        results.append({**answer, "name": answer.get("name") or spec["name"],
+                        "invocation_url": c.invocation_url(answer.get("name") or spec["name"])})
+    return results
+
+
+def _report(results: list[dict[str, Any]]) -> None:
+    for r in results:
+        out.print(f"deployed [bold]{escape(str(r['name']))}[/bold] version {escape(str(r.get('version', '?')))}: "
+                  f"{escape(r['invocation_url'])}")
+
+
+def deploy(file: Path = typer.Argument(..., help="the .py file that defines the App"),
+           json_out: bool = JSON_OPTION) -> None:
+    """Deploy every endpoint of FILE; prints each one's name, version and URL."""
+    with errors(), console.status("deploying") as spinner:
+        results = deploy_file(client, file, lambda msg: (spinner.update(msg), console.print(f"  {escape(msg)}")))
+    print_json(results) if json_out else _report(results)
+
+
+def serve(file: Path = typer.Argument(..., help="the .py file that defines the App"),
+          interval: float = typer.Option(1.0, help="seconds between checks for changed files")) -> None:
+    """Deploy FILE and redeploy it on every change, streaming its logs, until Ctrl-C.
+
+    Checks the mtimes of the .py files in FILE's directory every --interval seconds; follows the log
+    of the newest container of each deployment."""
+    from levers9.client import code_files
+
+    with errors():
+        results = deploy_file(client, file, lambda msg: console.print(f"  {escape(msg)}"))
+        c = client()
+    _report(results)
+    directory = file.resolve().parent
+    follower = LogFollower(c)
+    snapshot = _mtimes(code_files(directory))
+    console.print(f"watching {escape(str(directory))} for changes; Ctrl-C to stop", style="dim")
+    try:
+        last_poll = 0.0
+        while True:
+            time.sleep(interval)
+            now = _mtimes(code_files(directory))
+            if now != snapshot:
+                changed = sorted({p.name for p in set(now) ^ set(snapshot)} |
+                                 {p.name for p in now if p in snapshot and now[p] != snapshot[p]})
+                snapshot = now
+                console.print(f"changed: {escape(', '.join(changed))}; redeploying")
+                try:
+                    results = deploy_file(lambda: c, file, lambda msg: console.print(f"  {escape(msg)}"))
+                    _report(results)
+                except Exception as exc:  # ConfigError, ClientError: keep watching for the fix
+                    console.print(f"[red]error:[/red] {escape(str(exc))}")
+            if time.monotonic() - last_poll >= 2 * interval:
+                last_poll = time.monotonic()
+                follower.update(results)
+    except KeyboardInterrupt:
+        names = ", ".join(str(r["name"]) for r in results)
+        console.print(f"stopped watching; {escape(names)} keeps running (`levers9 deployments stop NAME`)")
+
+
+def _mtimes(files: list[Path]) -> dict[Path, tuple[int, int]]:
+    stamps = {}
+    for p in files:
+        try:
+            st = p.stat()
+            stamps[p] = (st.st_mtime_ns, st.st_size)
+        except OSError:
+            pass
+    return stamps
+
+
+class LogFollower:
+    """Streams the log of the newest container of each deployment, each in a thread of its own."""
+
+    def __init__(self, c: "Client"):
+        self.client = c
+        self.following: dict[str, str] = {}  # deployment name -> container id
+        self.warned = False
+
+    def update(self, results: list[dict[str, Any]]) -> None:
+        from levers9.client import ClientError
+
+        try:
+            containers = self.client.list_containers()
+        except ClientError as exc:
+            console.print(f"[yellow]warning:[/yellow] {escape(str(exc))}")
+            return
+        for r in results:
+            mine = [x for x in containers if x.get("deployment_id") == r.get("deployment_id")
+                    or (x.get("deployment_name") or x.get("name")) == r["name"]]
+            if not mine:
+                if not self.warned:
+                    console.print(f"no container yet: call {escape(r['invocation_url'])} to start one", style="dim")
+                    self.warned = True
+                continue
+            newest = max(mine, key=lambda x: str(x.get("created_at") or x.get("updated_at") or ""))
+            cid = str(newest.get("container_id", ""))
+            if cid and self.following.get(r["name"]) != cid:
+                self.following[r["name"]] = cid
+                prefix = f"{r['name']} | " if len(results) > 1 else ""
+                threading.Thread(target=self._stream, args=(cid, prefix), daemon=True).start()
+
+    def _stream(self, container_id: str, prefix: str) -> None:
+        from levers9.client import Client, ClientError
+
+        console.print(f"logs of container {escape(container_id)}:", style="dim")
+        c = Client(self.client.gateway_url, self.client.token)  # a connection of its own
+        partial = ""
+        try:
+            for chunk in c.container_logs(container_id, follow=True):
+                lines = (partial + chunk).split("\n")
+                partial = lines.pop()
+                for line in lines:
+                    sys.stdout.write(f"{prefix}{line}\n")
+                sys.stdout.flush()
+        except ClientError as exc:
+            console.print(f"[yellow]warning:[/yellow] {escape(str(exc))}")
+        finally:
+            if partial:
+                sys.stdout.write(f"{prefix}{partial}\n")
+            c.close()
+
+
+# ---- resource groups -----------------------------------------------------------------------------
+
+deployments_app = typer.Typer(help="Deployments: list, stop, delete.", no_args_is_help=True)
+containers_app = typer.Typer(help="Containers: list, stop, read logs.", no_args_is_help=True)
+workers_app = typer.Typer(help="Workers: list, cordon, drain.", no_args_is_help=True)
+token_app = typer.Typer(help="API tokens: create, list, revoke.", no_args_is_help=True)
+secret_app = typer.Typer(help="Secrets given to containers as environment variables.", no_args_is_help=True)
+
+
+@deployments_app.command("list")
+def deployments_list(json_out: bool = JSON_OPTION) -> None:
+    """List deployments."""
+    with errors():
+        rows = client().list_deployments()
+    show_rows(rows, ["name", "version", "status", "deployment_id", "created_at"], json_out)
+
+
+@deployments_app.command("stop")
+def deployments_stop(name: str = typer.Argument(..., help="the deployment's name")) -> None:
+    """Stop a deployment: its containers stop; calls are refused until it is deployed again."""
+    with errors():
+        client().stop_deployment(name)
+    console.print(f"stopped deployment {escape(name)}")
+
+
+@deployments_app.command("delete")
+def deployments_delete(name: str = typer.Argument(..., help="the deployment's name")) -> None:
+    """Delete a deployment and all its versions."""
+    with errors():
+        client().delete_deployment(name)
+    console.print(f"deleted deployment {escape(name)}")
+
+
+@containers_app.command("list")
+def containers_list(json_out: bool = JSON_OPTION) -> None:
+    """List containers."""
+    with errors():
+        rows = client().list_containers()
+    show_rows(rows, ["container_id", "deployment_id", "status", "worker_id", "address", "reason", "updated_at"],
+              json_out)
+
+
+@containers_app.command("stop")
+def containers_stop(container_id: str = typer.Argument(..., metavar="ID")) -> None:
+    """Stop a container."""
+    with errors():
+        client().stop_container(container_id)
+    console.print(f"stop requested for container {escape(container_id)}")
+
+
+@containers_app.command("logs")
+def containers_logs(container_id: str = typer.Argument(..., metavar="ID"),
+                    follow: bool = typer.Option(False, "--follow", "-f", help="keep streaming until Ctrl-C")) -> None:
+    """Print a container's log."""
+    try:
+        with errors():
+            for chunk in client().container_logs(container_id, follow=follow):
+                sys.stdout.write(chunk)
+                sys.stdout.flush()
+    except KeyboardInterrupt:
+        pass
+
+
+@workers_app.command("list")
+def workers_list(json_out: bool = JSON_OPTION) -> None:
+    """List workers."""
+    with errors():
+        rows = client().list_workers()
+    show_rows(rows, ["worker_id", "pool", "status", "cordoned", "cpu_millicores", "memory_mib", "gpu_type",
+                     "gpu_count", "address", "updated_at"], json_out)
+
+
+@workers_app.command("cordon")
+def workers_cordon(worker_id: str = typer.Argument(..., metavar="ID")) -> None:
+    """Place nothing new on a worker; what runs there keeps running."""
+    with errors():
+        client().cordon_worker(worker_id)
+    console.print(f"cordoned worker {escape(worker_id)}")
+
+
+@workers_app.command("drain")
+def workers_drain(worker_id: str = typer.Argument(..., metavar="ID")) -> None:
+    """Cordon a worker and move its containers elsewhere."""
+    with errors():
+        client().drain_worker(worker_id)
+    console.print(f"draining worker {escape(worker_id)}")
+
+
+@token_app.command("create")
+def token_create(name: str = typer.Option("cli", help="a name to recognise the token by")) -> None:
+    """Create an API token; it is printed this once."""
+    with errors():
+        doc = client().create_token(name)
+    out.print(escape(str(doc.get("token", ""))))
+    console.print(f"token {escape(str(doc.get('token_id', '')))} created; it will not be shown again", style="dim")
+
+
+@token_app.command("list")
+def token_list(json_out: bool = JSON_OPTION) -> None:
+    """List API tokens (never their values)."""
+    with errors():
+        rows = client().list_tokens()
+    show_rows(rows, ["token_id", "name", "created_at", "last_used_at"], json_out)
+
+
+@token_app.command("revoke")
+def token_revoke(token_id: str = typer.Argument(..., metavar="ID")) -> None:
+    """Revoke an API token."""
+    with errors():
+        client().revoke_token(token_id)
+    console.print(f"revoked token {escape(token_id)}")
+
+
+@secret_app.command("create")
+def secret_create(name: str = typer.Argument(..., help="the variable's name in the container"),
+                  value: str = typer.Argument(..., help="the value; '-' reads it from stdin")) -> None:
+    """Store a secret (or replace its value)."""
+    from levers9.app import Secret
+
+    if value == "-":
+        value = sys.stdin.read().rstrip("\n")
+    with errors():
+        Secret(name)  # the same name rule the SDK applies
+        client().create_secret(name, value)
+    console.print(f"stored secret {escape(name)}")
+
+
+@secret_app.command("list")
+def secret_list(json_out: bool = JSON_OPTION) -> None:
+    """List secrets (names only)."""
+    with errors():
+        rows = client().list_secrets()
+    show_rows(rows, ["name", "updated_at"], json_out)
+
+
+@secret_app.command("delete")
+def secret_delete(name: str = typer.Argument(...)) -> None:
+    """Delete a secret."""
+    with errors():
+        client().delete_secret(name)
+    console.print(f"deleted secret {escape(name)}")
+
+
+def register(app: typer.Typer) -> None:
+    """Add the app commands to the `levers9` command."""
+    app.command()(deploy)
+    app.command()(serve)
+    app.add_typer(deployments_app, name="deployments")
+    app.add_typer(containers_app, name="containers")
+    app.add_typer(workers_app, name="workers")
+    app.add_typer(token_app, name="token")
+    app.add_typer(secret_app, name="secret")
