@@ -91,7 +91,9 @@ def deployed(env):
 
 
 def containers(env, all_=False) -> list[dict]:
-    return json.loads(cli(env, "containers", "list", "--json", *(["--all"] if all_ else [])).stdout)
+    r = api(env, "GET", "/api/v1/containers", params={"all": "true" if all_ else "false"})
+    assert r.status_code == 200, r.text
+    return r.json()
 
 
 def test_hello_example_deploys_and_answers(env):
@@ -109,7 +111,8 @@ def test_a_call_runs_in_a_runc_container_with_its_on_start_value(env, deployed):
     assert body["pid"] < 10, "the runner should be (nearly) pid 1 of its own pid namespace"
     assert body["app_files"] == ["probe.py"] or "probe.py" in body["app_files"]
     assert body["on_start"]["loaded_at"] > 0
-    listed = [c for c in containers(env) if c["container_id"] == body["container_id"]]
+    listed = [c for c in json.loads(cli(env, "containers", "list", "--json").stdout)
+              if c["container_id"] == body["container_id"]]
     assert listed and listed[0]["status"] == "ready"
     # the same container answers the next call (warm), with a sub-path and a query
     again = api(env, "GET", "/endpoint/probe/latest/anything", params={"echo": "q"})

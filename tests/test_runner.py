@@ -196,7 +196,7 @@ def test_hello_example(start):
     assert r.http.post("/", json={"name": "levers9"}).json() == {"message": "hello, levers9"}
 
 
-def test_missing_argument_is_422_and_kwargs_functions_take_anything(tmp_path, start, app_dir):
+def test_missing_argument_is_422_and_kwargs_functions_take_anything(start, app_dir):
     r = start(app_dir, "testapp", "needs")
     missing = r.http.post("/", json={})
     assert missing.status_code == 422 and "missing a required argument: 'x'" in missing.json()["error"]

@@ -38,7 +38,7 @@ def restore_import_state(tmp_path_factory):
 
 # ---- memory, cpu, gpu ------------------------------------------------------------------------------
 
-@given(st.integers(min_value=1, max_value=10**7))
+@given(st.integers(min_value=16, max_value=10**7))
 def test_memory_as_mib(n):
     assert parse_memory(n) == n
     assert parse_memory(f"{n}Mi") == n
@@ -52,7 +52,7 @@ def test_memory_gib(n):
     assert parse_memory(f"{n}G") == n * 1024
 
 
-@pytest.mark.parametrize("value, mib", [("1.5Gi", 1536), ("0.5Mi", 1), ("1Ti", 1024 * 1024), (" 512Mi ", 512),
+@pytest.mark.parametrize("value, mib", [("1.5Gi", 1536), ("16.5Mi", 17), ("1Ti", 1024 * 1024), (" 512Mi ", 512),
                                         (2048.0, 2048)])
 def test_memory_forms(value, mib):
     assert parse_memory(value) == mib
@@ -71,9 +71,9 @@ def test_memory_message_is_the_documented_sentence():
                             "or '2Gi'")
 
 
-@pytest.mark.parametrize("value", [0, -5, "0Mi"])
+@pytest.mark.parametrize("value", [0, -5, "0Mi", 15, "8Mi"])
 def test_memory_too_small(value):
-    with pytest.raises(ConfigError, match="at least 1 MiB"):
+    with pytest.raises(ConfigError, match="too small: ask for at least 16 MiB"):
         parse_memory(value)
 
 
@@ -135,7 +135,7 @@ def test_gpu_count_defaults():
     specs = {s["name"]: s for s in app.specs()}
     assert (specs["one"]["gpu"], specs["one"]["gpu_count"]) == (["T4"], 1)
     assert (specs["two"]["gpu"], specs["two"]["gpu_count"]) == (["H100", "A100"], 2)
-    assert (specs["any_gpu"]["gpu"], specs["any_gpu"]["gpu_count"]) == ([], 1)
+    assert (specs["any-gpu"]["gpu"], specs["any-gpu"]["gpu_count"]) == ([], 1)
     assert (specs["none"]["gpu"], specs["none"]["gpu_count"]) == ([], 0)
     with pytest.raises(ConfigError, match="gpu_count=0 asks for no GPU"):
         app.endpoint(name="zero", gpu="T4", gpu_count=0)(lambda: None)
@@ -189,6 +189,19 @@ def test_spec_with_every_option():
             spec["keep_warm_seconds"], spec["checkpoint_enabled"], spec["pool"]) == (1, 3, 8, 30, 5, True,
                                                                                      "gpu-pool")
     json.dumps(spec)  # what the gateway receives is JSON
+
+
+def test_default_names_follow_the_url_rule():
+    app = App("names")
+
+    @app.endpoint
+    def say_hello():
+        pass
+
+    [spec] = app.specs()
+    assert (spec["name"], spec["handler"]) == ("say-hello", "say_hello")
+    with pytest.raises(ConfigError, match="endpoint name 'say_hello' is not valid: .* e.g. 'say-hello'"):
+        app.endpoint(name="say_hello")(say_hello)
 
 
 def test_decorator_without_parentheses_and_specs_are_copies():

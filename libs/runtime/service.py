@@ -156,8 +156,14 @@ class Service:
         tasks = [asyncio.create_task(fn(self.stop)) for fn in loops]
         log.info("%s started on %s:%s", self.name, s.http_host, s.http_port)
         stop_wait = asyncio.create_task(self.stop.wait())
-        done, _ = await asyncio.wait([stop_wait, server_task, *tasks], return_when=asyncio.FIRST_COMPLETED)
-        failed = [t for t in done if t is not stop_wait and t.exception()]
+        failed: list[asyncio.Task] = []
+        pending = {stop_wait, server_task, *tasks}
+        while not self.stop.is_set() and not server_task.done():
+            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            # a loop that finished its job (e.g. registering) is fine; one that died stops the process
+            failed += [t for t in done if t is not stop_wait and not t.cancelled() and t.exception()]
+            if failed:
+                break
         for t in failed:
             log.error("%s: task %s died: %r", self.name, t.get_name(), t.exception())
         self.stop.set()

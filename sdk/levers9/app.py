@@ -23,8 +23,7 @@ __all__ = ["App", "ConfigError", "Image", "Secret", "load_app_file", "parse_cpu"
 
 # app and pool names end up in URLs, subjects and labels: a DNS label
 APP_NAME_RE = re.compile(r"^[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?$")
-# an endpoint's name defaults to its function's name, so '_' is allowed there too
-ENDPOINT_NAME_RE = re.compile(r"^[a-z0-9](?:[a-z0-9_-]{0,61}[a-z0-9])?$")
+MIN_MEMORY_MIB = 16  # what the gateway accepts
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 GPU_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,31}$")
 MEMORY_RE = re.compile(r"^(\d+(?:\.\d+)?)(Mi|Gi|Ti|M|G|T)?$")
@@ -65,8 +64,9 @@ def parse_memory(value: Any) -> int:
         mib = math.ceil(float(m.group(1)) * MEMORY_UNITS_MIB[m.group(2)])
     else:
         raise bad()
-    if mib < 1:
-        raise ConfigError(f"memory {value!r} is too small: ask for at least 1 MiB, e.g. memory='256Mi'")
+    if mib < MIN_MEMORY_MIB:
+        raise ConfigError(f"memory {value!r} is too small: ask for at least {MIN_MEMORY_MIB} MiB, e.g. "
+                          "memory='256Mi'")
     return mib
 
 
@@ -129,18 +129,16 @@ def _whole(value: Any, option: str, minimum: int, example: str) -> int:
     return value
 
 
-def _suggest(name: str, allow_underscore: bool) -> str:
-    keep = "a-z0-9_-" if allow_underscore else "a-z0-9-"
-    s = re.sub(f"[^{keep}]+", "-", name.lower()).strip("-_")[:63].strip("-_")
+def _suggest(name: str) -> str:
+    s = re.sub("[^a-z0-9-]+", "-", name.lower()).strip("-")[:63].strip("-")
     return s or "my-app"
 
 
-def _check_name(name: Any, what: str, pattern: re.Pattern[str], allow_underscore: bool) -> str:
-    chars = "lowercase letters, digits, '-' and '_'" if allow_underscore else "lowercase letters, digits and '-'"
-    if not isinstance(name, str) or not pattern.match(name):
-        hint = _suggest(name, allow_underscore) if isinstance(name, str) else "my-app"
-        raise ConfigError(f"{what} {name!r} is not valid: use {chars}, at most 63, starting and ending "
-                          f"with a letter or digit, e.g. {hint!r}")
+def _check_name(name: Any, what: str) -> str:
+    if not isinstance(name, str) or not APP_NAME_RE.match(name):
+        hint = _suggest(name) if isinstance(name, str) else "my-app"
+        raise ConfigError(f"{what} {name!r} is not valid: use lowercase letters, digits and '-', at most 63, "
+                          f"starting and ending with a letter or digit, e.g. {hint!r}")
     return name
 
 
@@ -249,14 +247,21 @@ class App:
     """
 
     def __init__(self, name: str):
-        self.name = _check_name(name, "app name", APP_NAME_RE, allow_underscore=False)
+        self.name = _check_name(name, "app name")
         self._registrations: list[_Registration] = []
 
     def __repr__(self) -> str:
         return f"App({self.name!r}, endpoints={[r.spec['name'] for r in self._registrations]})"
 
     def endpoint(self, func: Callable[..., Any] | None = None, /, **options: Any) -> Any:
-        """Deploy a function as an HTTP endpoint: the JSON body's fields become its keyword arguments."""
+        """Deploy a function as an HTTP endpoint: the JSON body's fields become its keyword arguments.
+
+        Options: name (default: the function's name, '_' written '-'), cpu (cores), memory (MiB, or
+        '512Mi'/'2Gi'), gpu (a type or a list in order of preference), gpu_count, image,
+        keep_warm_seconds, min_containers, max_containers, concurrency, timeout (seconds), secrets,
+        env, on_start (a top-level function; its value is context.on_start_value),
+        checkpoint_enabled, pool. A mistake raises ConfigError saying how to fix it.
+        """
         return self._decorator("endpoint", func, options)
 
     def asgi(self, func: Any = None, /, **options: Any) -> Any:
@@ -283,8 +288,8 @@ class App:
         if name is None:
             if not handler:
                 raise ConfigError(f"@app.{kind} cannot name {obj!r}: pass name='web'")
-            name = handler
-        _check_name(name, f"{kind} name", ENDPOINT_NAME_RE, allow_underscore=True)
+            name = handler.replace("_", "-").strip("-")  # names are URL paths: say_hello -> say-hello
+        _check_name(name, f"{kind} name")
         if any(r.spec["name"] == name for r in self._registrations):
             raise ConfigError(f"app {self.name!r} already has an endpoint named {name!r}: pass another name=")
         if image is not None and not isinstance(image, Image):
@@ -316,7 +321,7 @@ class App:
             "secrets": _secret_names(secrets),
             "env": _env(env),
             "checkpoint_enabled": checkpoint_enabled,
-            "pool": _check_name(pool, "pool", APP_NAME_RE, allow_underscore=False),
+            "pool": _check_name(pool, "pool"),
             "app_name": self.name,
         }
         self._registrations.append(_Registration(obj, spec, on_start))

@@ -8,6 +8,7 @@ request (any method, sub-path, query, headers, streamed body) and stream the ans
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import io
 import json
@@ -386,13 +387,18 @@ class GatewayService(Service):
         async def code(deployment_id: str, workspace: str, container_id: str, caller: Caller = any_caller):
             if not caller.scope.startswith("worker:"):
                 raise HTTPException(403, "only a worker token can fetch code archives")
-            row = await self.pool.fetchrow(
-                "SELECT c.worker_id, d.spec FROM gateway.containers c JOIN gateway.deployments d "
-                "ON d.workspace = c.workspace AND d.deployment_id = c.deployment_id "
-                "WHERE c.workspace=$1 AND c.container_id=$2 AND c.deployment_id=$3", workspace, container_id,
-                deployment_id)
-            if row is None or row["worker_id"] != caller.scope.split(":", 1)[1]:
-                raise HTTPException(404, "no such placement for this worker")
+            worker_id = caller.scope.split(":", 1)[1]
+            for _ in range(100):  # the worker may ask before our projection has seen its placement
+                row = await self.pool.fetchrow(
+                    "SELECT c.worker_id, d.spec FROM gateway.containers c JOIN gateway.deployments d "
+                    "ON d.workspace = c.workspace AND d.deployment_id = c.deployment_id "
+                    "WHERE c.workspace=$1 AND c.container_id=$2 AND c.deployment_id=$3", workspace, container_id,
+                    deployment_id)
+                if row is not None and row["worker_id"] == worker_id:
+                    break
+                await asyncio.sleep(0.05)
+            else:
+                raise HTTPException(404, f"container {container_id} is not placed on worker {worker_id}")
             spec = json.loads(row["spec"])
             async with self.s3() as client:
                 obj = await client.get_object(Bucket=f"levers9-{workspace}", Key=spec["code_key"])

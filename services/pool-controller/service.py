@@ -18,7 +18,7 @@ import time
 
 from levers9.contracts import envelope, uuid7
 from levers9.contracts import events as E
-from levers9.runtime.bus import ConcurrencyConflict
+from levers9.runtime.bus import HEARTBEAT_TTL_S, ConcurrencyConflict
 from levers9.runtime.consumer import Delivery
 from levers9.runtime.projection import Projection
 from levers9.runtime.service import Service
@@ -59,7 +59,7 @@ class PoolControllerService(Service):
         return [self.loop]
 
     async def loop(self, stop: asyncio.Event) -> None:
-        await asyncio.sleep(1.0)  # let the projections catch up before the first decision
+        await asyncio.sleep(5.0)  # let workers started with the stack register before counting them
         while not stop.is_set():
             try:
                 await self.declare_lost()
@@ -80,8 +80,8 @@ class PoolControllerService(Service):
         except Exception:  # noqa: BLE001 - nats.js.errors.NoKeysError when the bucket is empty
             alive = set()
         exited = {wid for b in self.backends.values() for wid in b.exited()}
-        rows = await self.pool.fetch("SELECT worker_id, status, last_seq FROM pool_controller.workers "
-                                     "WHERE status IN ('registered', 'ready', 'provisioning')")
+        rows = await self.pool.fetch("SELECT worker_id, status, last_seq, extract(epoch from updated_at) AS at "
+                                     "FROM pool_controller.workers WHERE status IN ('registered', 'ready', 'provisioning')")
         now = time.time()
         for r in rows:
             wid = r["worker_id"]
@@ -89,8 +89,8 @@ class PoolControllerService(Service):
                 started = self.provisioned_at.setdefault(wid, now)
                 dead = wid in exited or now - started > PROVISION_TIMEOUT_S
                 why = "its process exited before registering" if wid in exited else "never registered"
-            else:
-                dead = wid in exited or wid not in alive
+            else:  # a worker that just registered gets one TTL to show its first heartbeat
+                dead = wid in exited or (wid not in alive and now - float(r["at"]) > HEARTBEAT_TTL_S)
                 why = "its process exited" if wid in exited else "heartbeat expired"
             if not dead:
                 continue
