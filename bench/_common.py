@@ -26,6 +26,11 @@ from levers9.contracts import Envelope, encode, subjects
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
+# Bus.close() drains, and nats-py reports the drain as a disconnect ("nats disconnected; reconnecting"):
+# noise here. The benchmarks check counts and rows themselves.
+import logging  # noqa: E402
+logging.getLogger("levers9.bus").setLevel(logging.ERROR)
+
 
 @contextlib.contextmanager
 def servers(with_s3: bool = False) -> Iterator[tuple[dict[str, str], Path]]:

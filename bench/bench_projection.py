@@ -65,9 +65,15 @@ class Projector:
     (Service.ordered_consumers + Service.apply: a consuming span around apply_batch), with the handle
     wrapped to note when each sequence was committed."""
 
-    def __init__(self, bus: Bus, pool: asyncpg.Pool, batch: int) -> None:
-        self.view = ContainersView()
-        self.store = ProjectionStore(pool, "bench_" + uuid7().replace("-", "")[-12:], [self.view])
+    def __init__(self, bus: Bus, pool: asyncpg.Pool, batch: int, variant: str = "library") -> None:
+        schema = "bench_" + uuid7().replace("-", "")[-12:]
+        if variant == "library":
+            self.view = ContainersView()
+            self.store = ProjectionStore(pool, schema, [self.view])
+        else:  # prototypes of proposed library changes (bench/_proposed.py), to show what they buy
+            from _proposed import BatchedContainersView, BatchedStore
+            self.view = BatchedContainersView()
+            self.store = BatchedStore(pool, schema, [self.view], sync_commit=variant != "proposed-async-commit")
         self.bus = bus
         self.batch = batch
         self.applied_seq = 0
@@ -168,7 +174,7 @@ async def catch_up(bus: Bus, pool: asyncpg.Pool, home: Path, args: argparse.Name
     last = max(seqs)
     log(f"catch-up: published {args.events} in {t_pub:.2f} s ({args.events / t_pub:,.0f}/s; "
         f"envelopes made in {t_make:.2f} s)")
-    p = Projector(bus, pool, args.batch)
+    p = Projector(bus, pool, args.batch, args.variant)
     await p.setup()
     profiler = cProfile.Profile() if args.profile else None
     cpu = CpuMeter(home).start()
@@ -198,7 +204,7 @@ async def catch_up(bus: Bus, pool: asyncpg.Pool, home: Path, args: argparse.Name
 
 async def concurrent(bus: Bus, pool: asyncpg.Pool, home: Path, args: argparse.Namespace) -> dict:
     await fresh_log(bus)
-    p = Projector(bus, pool, args.batch)
+    p = Projector(bus, pool, args.batch, args.variant)
     await p.setup()
     p.start()
     await asyncio.sleep(0.5)  # subscribed and idle before the first event
@@ -228,7 +234,7 @@ async def concurrent(bus: Bus, pool: asyncpg.Pool, home: Path, args: argparse.Na
 
 async def latency(bus: Bus, pool: asyncpg.Pool, home: Path, args: argparse.Namespace) -> dict:
     await fresh_log(bus)
-    p = Projector(bus, pool, args.batch)
+    p = Projector(bus, pool, args.batch, args.variant)
     await p.setup()
     p.start()
     warm = make_envs(50, args.ids, "warmup")  # prepared statements, connections, subscription
@@ -316,8 +322,12 @@ if __name__ == "__main__":
     ap.add_argument("--phases", default="catchup,concurrent,latency")
     ap.add_argument("--profile", action="store_true", help="cProfile the catch-up consumer")
     ap.add_argument("--with-s3", action="store_true", help="also start SeaweedFS, as `levers9 up` does")
-    ap.add_argument("--name", default="bench_projection", help="results file name (bench/results/NAME.json)")
+    ap.add_argument("--variant", default="library", choices=("library", "proposed", "proposed-async-commit"),
+                    help="library: the code as it is (the figures of record); proposed*: prototypes of the "
+                         "changes suggested in bench/README.md (bench/_proposed.py)")
+    ap.add_argument("--name", help="results file name (bench/results/NAME.json); default from the variant")
     a = ap.parse_args()
+    a.name = a.name or ("bench_projection" if a.variant == "library" else f"bench_projection_{a.variant}")
     started = time.perf_counter()
     res = asyncio.run(main(a))
     res["wall_s"] = round(time.perf_counter() - started, 1)

@@ -73,12 +73,15 @@ def make_log(n: int) -> list:
     return out[:n]
 
 
-async def time_reader(url: str, decode_too: bool) -> tuple[int, float]:
+async def time_reader(url: str, decode_too: bool, variant: str = "library") -> tuple[int, float]:
+    reader = read
+    if variant == "proposed":  # the prototype of the proposed reader (bench/_proposed.py)
+        from _proposed import read_push as reader
     bus = await Bus.connect(url, name="levers9-bench-reader")
     try:
         count = 0
         t0 = time.perf_counter()
-        async for msgs in read(bus):
+        async for msgs in reader(bus):
             if decode_too:
                 for m in msgs:
                     decode(m.data, m.subject)
@@ -88,11 +91,14 @@ async def time_reader(url: str, decode_too: bool) -> tuple[int, float]:
         await bus.close()
 
 
-def time_cli(url: str, home: Path, args: list[str], out_path: str = os.devnull) -> tuple[int, float]:
+def time_cli(url: str, home: Path, args: list[str], variant: str = "library",
+             out_path: str = os.devnull) -> tuple[int, float]:
     env = {**os.environ, "LEVERS9_NATS_URL": url, "LEVERS9_HOME": str(home), "COLUMNS": "250"}
+    # the real CLI; with --variant proposed the same CLI with the prototype reader swapped in
+    entry = ["-m", "levers9"] if variant == "library" else [str(Path(__file__).resolve().parent / "_cli_proposed.py")]
     t0 = time.perf_counter()
     with open(out_path, "wb") as out:
-        proc = subprocess.run([sys.executable, "-m", "levers9", "events", "replay", *args], stdout=out,
+        proc = subprocess.run([sys.executable, *entry, "events", "replay", *args], stdout=out,
                               stderr=subprocess.PIPE, env=env, timeout=300)
     elapsed = time.perf_counter() - t0
     if proc.returncode != 0:
@@ -149,7 +155,7 @@ async def main(args: argparse.Namespace) -> dict:
             runs = []
             meter = CpuMeter(home).start()
             for _ in range(rep):
-                runs.append(await time_reader(url, decode_too))
+                runs.append(await time_reader(url, decode_too, args.variant))
             return runs, meter.stop()
 
         runs, cores = await reader_runs(False)
@@ -159,7 +165,7 @@ async def main(args: argparse.Namespace) -> dict:
 
         def cli(name: str, cli_args: list[str], scanned: int, expect: int) -> dict:
             meter = CpuMeter(home).start()
-            runs = [time_cli(url, home, cli_args) for _ in range(rep)]
+            runs = [time_cli(url, home, cli_args, args.variant) for _ in range(rep)]
             cores = meter.stop()  # this process idles: the CLI child is "everything_else"
             if runs[0][0] != expect:
                 raise AssertionError(f"{name}: printed {runs[0][0]}, expected {expect}")
@@ -190,8 +196,12 @@ if __name__ == "__main__":
     ap.add_argument("--repeat", type=int, default=3, help="runs of each measurement (median reported)")
     ap.add_argument("--table-events", type=int, default=10_000, help="events for the table output (0: skip)")
     ap.add_argument("--with-s3", action="store_true", help="also start SeaweedFS, as `levers9 up` does")
-    ap.add_argument("--name", default="bench_replay", help="results file name (bench/results/NAME.json)")
+    ap.add_argument("--variant", default="library", choices=("library", "proposed"),
+                    help="library: the code as it is (the figures of record); proposed: the reader swapped for "
+                         "the prototype in bench/_proposed.py (read_push), CLI included")
+    ap.add_argument("--name", help="results file name (bench/results/NAME.json); default from the variant")
     a = ap.parse_args()
+    a.name = a.name or ("bench_replay" if a.variant == "library" else f"bench_replay_{a.variant}")
     started = time.perf_counter()
     result = asyncio.run(main(a))
     result["wall_s"] = round(time.perf_counter() - started, 1)

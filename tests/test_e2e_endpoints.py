@@ -245,18 +245,30 @@ def test_two_schedulers_never_overbook_a_worker(env):
                                 headers={"Authorization": f"Bearer {p['token']}"})
                 assert r.status_code == 202
 
-        def reserved():
-            lines = cli(env, "events", "replay", "--json", "--workspace", "_sys", "--type", "WorkerSlotReserved").stdout
-            return [json.loads(x)["data"] for x in lines.splitlines() if json.loads(x)["data"]["worker_id"] in fakes]
+        def worker_events():
+            lines = cli(env, "events", "replay", "--json", "--workspace", "_sys", "--aggregate", "worker").stdout
+            docs = [json.loads(x) for x in lines.splitlines()]
+            return [(d["type"], d["data"]) for d in docs if d["data"]["worker_id"] in fakes
+                    and d["type"] in ("WorkerSlotReserved", "WorkerSlotReleased", "WorkerLost")]
 
-        slots = wait_until(lambda: (lambda s: s if len(s) >= 8 else None)(reserved()), timeout=60)
+        def placed():
+            return sum(1 for t, _ in worker_events() if t == "WorkerSlotReserved") >= 8
+
+        wait_until(placed, timeout=60)
         time.sleep(3)  # give a racing scheduler every chance to overbook
-        slots = reserved()
-        per_worker: dict[str, int] = {}
-        for s in slots:
-            per_worker[s["worker_id"]] = per_worker.get(s["worker_id"], 0) + s["cpu_millicores"]
-        assert per_worker and all(v <= 1000 for v in per_worker.values()), per_worker
-        assert len(slots) == 8
+        events = worker_events()
+        used: dict[str, int] = {}
+        slots: dict[tuple[str, str], int] = {}
+        for kind, data in events:  # capacity in log order: never over 1000m on any worker
+            key = (data["worker_id"], data["container_id"])
+            if kind == "WorkerSlotReserved" and key not in slots:
+                slots[key] = data["cpu_millicores"]
+                used[data["worker_id"]] = used.get(data["worker_id"], 0) + data["cpu_millicores"]
+                assert used[data["worker_id"]] <= 1000, events
+            elif kind == "WorkerSlotReleased" and key in slots:
+                used[data["worker_id"]] -= slots.pop(key)
+        assert not any(t == "WorkerLost" for t, _ in events), events
+        assert len(slots) == 8 and all(v == 1000 for v in used.values()), used
         assert second.poll() is None
     finally:
         stop.set()
