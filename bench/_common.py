@@ -223,3 +223,23 @@ class CpuMeter:
         # what other processes on this machine (other people's tests, ...) took meanwhile
         used["everything_else"] = max(0.0, busy - sum(used.values()))
         return {name: round(v / wall, 2) for name, v in used.items()}
+
+
+def machine_busy_cores(seconds: float = 1.0) -> float:
+    """How many cores the whole machine kept busy over `seconds` (our servers idle meanwhile)."""
+    a = CpuMeter._machine_busy()
+    time.sleep(seconds)
+    return (CpuMeter._machine_busy() - a) / seconds
+
+
+def wait_quiet(max_wait: float = 60.0, threshold: float = 0.3) -> float:
+    """This machine is shared (other people run tests on it): wait, up to max_wait seconds, until the
+    rest of the machine uses less than `threshold` cores, so a phase is not measured in a burst of
+    someone else's load. Returns the background load when the phase starts (recorded with results)."""
+    deadline = time.monotonic() + max_wait
+    while True:
+        busy = machine_busy_cores(1.0)
+        if busy < threshold or time.monotonic() > deadline:
+            if busy >= threshold:
+                log(f"the machine stays busy ({busy:.2f} cores used by others): measuring anyway")
+            return round(busy, 2)

@@ -37,7 +37,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import asyncpg  # noqa: E402
 import nats.js.errors  # noqa: E402
 
-from _common import RESULTS, CpuMeter, log, percentiles, publish_many, servers, verdict, write_results  # noqa: E402
+from _common import (RESULTS, CpuMeter, log, percentiles, publish_many, servers, verdict, wait_quiet,  # noqa: E402
+                     write_results)
 
 from levers9.contracts import subjects, uuid7  # noqa: E402
 from levers9.runtime.bus import Bus  # noqa: E402
@@ -262,15 +263,21 @@ async def latency(bus: Bus, pool: asyncpg.Pool, home: Path, args: argparse.Names
                   for k, vs in sorted(by_second.items())]
     # the parts of it: publish -> ack (NATS stored it), ack -> applied (consumer fetch + apply + commit)
     after_ack = [(p.applied_at[r[0]] - r[2]) * 1000 for r in pub["records"]]
+    # the consumer's cycle: time in apply_batch (Postgres, commit included) and between two commits
+    window = [x for x in p.timeline if x[0] >= pub["t_start"]]
+    apply_ms = [x[2] * 1000 for x in window]
+    cycle_ms = [(b[0] - a[0]) * 1000 for a, b in zip(window, window[1:])]
     stats = percentiles(e2e)
     log(f"latency at {args.rate:,.0f}/s offered ({pub['achieved_rate']:,.0f}/s achieved, {len(e2e)} events): "
         f"publish->applied p50 {stats['p50_ms']} ms, p90 {stats['p90_ms']} ms, p99 {stats['p99_ms']} ms, "
-        f"max {stats['max_ms']} ms  (publish ack alone p99 {percentiles(acks)['p99_ms']} ms; "
+        f"max {stats['max_ms']} ms  (publish ack alone p99 {percentiles(acks)['p99_ms']} ms; apply_batch p50/p99 "
+        f"{percentiles(apply_ms)['p50_ms']}/{percentiles(apply_ms)['p99_ms']} ms; "
         f"{p.batches} batches; cores used {cores})  target p99 <= {TARGET_P99_MS} ms: "
         f"{verdict(stats['p99_ms'], TARGET_P99_MS, higher_is_better=False)}")
     return {"offered_rate": args.rate, "achieved_rate": pub["achieved_rate"], "seconds": args.seconds,
             "batch": args.batch, "publish_to_applied": stats, "publish_ack": percentiles(acks),
-            "ack_to_applied": percentiles(after_ack), "per_second": per_second,
+            "ack_to_applied": percentiles(after_ack), "apply_batch": percentiles(apply_ms),
+            "commit_to_commit": percentiles(cycle_ms), "per_second": per_second,
             "max_schedule_slip_ms": pub["max_schedule_slip_ms"], "batches": p.batches,
             "mean_batch_size": round(len(e2e) / max(1, p.batches), 1), "cores_used": cores,
             "target_p99_ms": TARGET_P99_MS,
@@ -305,7 +312,9 @@ async def main(args: argparse.Namespace) -> dict:
         try:
             for phase in phases:
                 fn = {"catchup": catch_up, "concurrent": concurrent, "latency": latency}[phase]
+                background = wait_quiet(args.max_wait_quiet) if args.max_wait_quiet > 0 else None
                 results[phase] = await fn(bus, pool, home, args)
+                results[phase]["background_cores_at_start"] = background
         finally:
             await pool.close()
             await bus.close()
@@ -322,6 +331,9 @@ if __name__ == "__main__":
     ap.add_argument("--phases", default="catchup,concurrent,latency")
     ap.add_argument("--profile", action="store_true", help="cProfile the catch-up consumer")
     ap.add_argument("--with-s3", action="store_true", help="also start SeaweedFS, as `levers9 up` does")
+    ap.add_argument("--max-wait-quiet", type=float, default=30,
+                    help="before each phase wait up to this many seconds for other load on the machine to "
+                         "drop below 0.3 cores (0: don't wait)")
     ap.add_argument("--variant", default="library", choices=("library", "proposed", "proposed-async-commit"),
                     help="library: the code as it is (the figures of record); proposed*: prototypes of the "
                          "changes suggested in bench/README.md (bench/_proposed.py)")

@@ -36,7 +36,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import CpuMeter, log, publish_many, servers, verdict, write_results  # noqa: E402
+from _common import CpuMeter, log, publish_many, servers, verdict, wait_quiet, write_results  # noqa: E402
 
 from levers9.contracts import caused_by, decode, envelope  # noqa: E402
 from levers9.contracts import events as E  # noqa: E402

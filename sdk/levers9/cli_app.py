@@ -253,10 +253,11 @@ def deployments_delete(name: str = typer.Argument(..., help="the deployment's na
 
 
 @containers_app.command("list")
-def containers_list(json_out: bool = JSON_OPTION) -> None:
-    """List containers."""
+def containers_list(json_out: bool = JSON_OPTION,
+                    all_: bool = typer.Option(False, "--all", "-a", help="include stopped and failed ones")) -> None:
+    """List containers (live ones; --all for stopped and failed too, with why)."""
     with errors():
-        rows = client().list_containers()
+        rows = client().list_containers(all=all_)
     show_rows(rows, ["container_id", "deployment_id", "status", "worker_id", "address", "reason", "updated_at"],
               json_out)
 

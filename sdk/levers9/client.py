@@ -141,8 +141,9 @@ class Client:
 
     # -- containers --
 
-    def list_containers(self) -> list[dict[str, Any]]:
-        return self._call("GET", "/api/v1/containers", "listing containers")
+    def list_containers(self, all: bool = False) -> list[dict[str, Any]]:
+        return self._call("GET", "/api/v1/containers", "listing containers",
+                          params={"all": "true" if all else "false"})
 
     def stop_container(self, container_id: str) -> Any:
         return self._call("POST", f"/api/v1/containers/{container_id}/stop", f"stopping container {container_id}",
