@@ -34,6 +34,8 @@ import contextlib
 import datetime as dt
 import json
 import os
+import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -140,15 +142,90 @@ class Stack:
 
 
 @contextlib.contextmanager
-def running_stack() -> Iterator[Stack]:
-    with tempfile.TemporaryDirectory(prefix="levers9-bench-") as tmp:
-        os.chmod(tmp, 0o755)  # services running as another account may need to traverse it
-        stack = Stack(Path(tmp))
-        try:
-            stack.up()
-            yield stack
-        finally:
-            stack.down()
+def running_stack(keep_home: bool = False) -> Iterator[Stack]:
+    """A stack in a new temporary home; with keep_home the home (logs, worker state) is left for
+    reading afterwards and its path logged, else it is removed."""
+    tmp = tempfile.mkdtemp(prefix="levers9-bench-")
+    os.chmod(tmp, 0o755)  # services running as another account may need to traverse it
+    stack = Stack(Path(tmp))
+    try:
+        stack.up()
+        yield stack
+    finally:
+        stack.down()
+        if keep_home:
+            log(f"home kept: {tmp} (logs in {tmp}/logs)")
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+class Tap:
+    """Every message on the NATS server, with the time this process received it (a core subscription to
+    `>`): when each consumer was handed an event (a message whose reply subject is
+    `$JS.ACK.<stream>.<consumer>....`) and when it acked it. The stack's traffic is small while calls
+    are made one at a time, so this costs little; it runs in a thread of its own."""
+
+    def __init__(self, nats_url: str) -> None:
+        import asyncio
+        import threading
+        self.url = nats_url
+        self.seen: list[tuple[float, str, str, bytes]] = []
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.nc = None
+
+    def start(self) -> "Tap":
+        import asyncio
+        import nats
+        self.thread.start()
+
+        async def connect():
+            self.nc = await nats.connect(self.url, name="levers9-bench-tap")
+
+            async def got(msg):
+                self.seen.append((time.time(), msg.subject, msg.reply or "", bytes(msg.data[:2000])))
+            await self.nc.subscribe(">", cb=got)
+            await self.nc.flush()
+        asyncio.run_coroutine_threadsafe(connect(), self.loop).result(10)
+        return self
+
+    def stop(self) -> None:
+        import asyncio
+        if self.nc is not None:
+            asyncio.run_coroutine_threadsafe(self.nc.close(), self.loop).result(10)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(5)
+
+    def handed(self, container_id: str, event_type: str) -> dict[str, dict]:
+        """{consumer: {"delivered": t, "answered": t, "deliveries": n, "naks": n, "done": t}} for that
+        container's event: first delivery, first answer (ack, or nak), how often it was delivered and
+        nak-ed, and the time of the final ack. Consumer names lose their per-process suffix."""
+        needle, kind = container_id.encode(), f'"type":"{event_type}"'.encode()
+        out: dict[str, dict] = {}
+        replies: dict[str, str] = {}
+        for t, subject, reply, data in self.seen:
+            if reply.startswith("$JS.ACK.") and needle in data and kind in data:
+                tokens = reply.split(".")
+                consumer = re.sub(r"-\d+-\d+$", "", tokens[3] if len(tokens) < 12 else tokens[5])  # v1 / v2
+                rec = out.setdefault(consumer, {"delivered": t, "deliveries": 0, "naks": 0})
+                rec["deliveries"] += 1
+                replies[reply] = consumer
+            elif subject in replies:
+                rec = out[replies.pop(subject)]
+                rec.setdefault("answered", t)
+                if data.startswith(b"-NAK"):
+                    rec["naks"] += 1
+                else:
+                    rec["done"] = t
+        return out
+
+    def published(self, container_id: str, event_type: str) -> float | None:
+        """When an event about the container was published (its first message on a stream subject)."""
+        needle = container_id.encode()
+        for t, subject, reply, data in self.seen:
+            if subject.endswith(f".{event_type}") and not reply.startswith("$JS.ACK.") and needle in data:
+                return t
+        return None
 
 
 def ts(iso: str) -> float:
@@ -167,9 +244,24 @@ def birth_time(path: Path) -> float | None:
     return stamp + float(f"0.{frac or 0}")
 
 
-def one_cold_call(stack: Stack, name: str) -> dict:
+BRIDGE = os.environ.get("LEVERS9_BRIDGE_NAME", "levers9br0")
+
+
+def neighbours() -> dict[str, dict]:
+    """The host's ARP entries on the containers' bridge: {ip: {"state": [...], "lladdr": mac}}."""
+    r = subprocess.run(["ip", "-j", "neigh", "show", "dev", BRIDGE], capture_output=True, text=True)
+    try:
+        return {n["dst"]: {"state": n.get("state", []), "lladdr": n.get("lladdr", "")} for n in json.loads(r.stdout)}
+    except ValueError:
+        return {}
+
+
+def one_cold_call(stack: Stack, name: str, flush_neigh: bool = False) -> dict:
     stack.wait_no_live(name)
     time.sleep(0.2)  # the gateway's router learns of the stop in the same projection batch; margin
+    if flush_neigh:  # diagnostic: forget the host's ARP entries of stopped containers' (reused) addresses
+        subprocess.run(["ip", "neigh", "flush", "dev", BRIDGE], capture_output=True)
+    arp = neighbours()
     sent = time.time()
     t0 = time.perf_counter()
     r = stack.http.post(f"/endpoint/{name}", json={})
@@ -178,7 +270,32 @@ def one_cold_call(stack: Stack, name: str) -> dict:
     if r.status_code != 200:
         raise RuntimeError(f"cold call answered {r.status_code}: {r.text[:500]}")
     cid = r.json()["container_id"]
-    return {"container_id": cid, "sent": sent, "received": received, "total_ms": total_ms}
+    return {"container_id": cid, "sent": sent, "received": received, "total_ms": total_ms, "arp_before": arp}
+
+
+def handoffs(tap: Tap, call: dict, events: list[dict]) -> dict[str, float]:
+    """Where the time between the events goes, from the tap, as ms after the event's occurred_at: its
+    delivery to each consumer that acts on it, that consumer's first answer (ack or nak) and final ack;
+    plus the scheduler's WorkerSlotReserved (appended before ContainerScheduled) after ContainerRequested."""
+    at = {e["type"]: ts(e["occurred_at"]) for e in reversed(events)}
+    cid, out = call["container_id"], {}
+    ms = lambda t, t0: round((t - t0) * 1000, 3)  # noqa: E731
+    for event_type, who in (("ContainerRequested", "scheduler"), ("ContainerScheduled", "worker"),
+                            ("ContainerReady", "gateway")):
+        if event_type not in at:
+            continue
+        for consumer, rec in tap.handed(cid, event_type).items():
+            if consumer.startswith(who):
+                key = f"{event_type} -> {consumer}"
+                out[f"{key}: delivered"] = ms(rec["delivered"], at[event_type])
+                if "answered" in rec:
+                    out[f"{key}: first answer"] = ms(rec["answered"], at[event_type])
+                if rec["naks"] and "done" in rec:
+                    out[f"{key}: acked after {rec['naks']} nak"] = ms(rec["done"], at[event_type])
+    reserved = tap.published(cid, "WorkerSlotReserved")
+    if reserved is not None and "ContainerRequested" in at:
+        out["ContainerRequested -> WorkerSlotReserved published"] = ms(reserved, at["ContainerRequested"])
+    return out
 
 
 def phases(call: dict, events: list[dict], runc_begins: float | None) -> dict:
@@ -202,13 +319,6 @@ def phases(call: dict, events: list[dict], runc_begins: float | None) -> dict:
     return out
 
 
-def worker_retries(stack: Stack, container_ids: list[str]) -> dict[str, int]:
-    """How often the worker's placement handler was retried ("not projected yet": its reaction
-    consumer ran before its own projection had the placement; each retry is a nak with >= 200 ms delay)."""
-    text = (stack.home / "logs" / "worker.log").read_text(errors="replace")
-    return {cid: text.count(f"container {cid} not projected yet") for cid in container_ids}
-
-
 def table(rows: dict[str, dict[str, float]]) -> str:
     lines = [f"{'phase':<12} {'p50 ms':>9} {'min ms':>9} {'max ms':>9}  target"]
     targets = {"placement": f"<= {TARGET_PLACEMENT_MS:.0f} ms", "worker": f"<= {TARGET_START_MS:.0f} ms (start)",
@@ -226,39 +336,72 @@ def summarize(values: list[float]) -> dict[str, float]:
             "mean_ms": s["mean_ms"]}
 
 
+def stale(entry: dict | None) -> bool:
+    """The host still had a live ARP entry (another container's MAC) for the address the new container got."""
+    return bool(entry and entry.get("lladdr") and set(entry.get("state", [])) & {"REACHABLE", "STALE", "DELAY", "PROBE"})
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--calls", type=int, default=12, help="measured cold calls (after one that fills caches)")
+    ap.add_argument("--flush-neigh", action="store_true",
+                    help="diagnostic: flush the host's ARP cache on the bridge before each call")
+    ap.add_argument("--keep-home", action="store_true", help="leave the stack's home (logs) for reading")
     args = ap.parse_args()
     name = "bench-cold"
     load_before = os.getloadavg()
-    with running_stack() as stack:
-        stack.deploy(COLD_APP, "bench_cold")
-        calls = []
-        for i in range(args.calls + 1):
-            call = one_cold_call(stack, name)
-            call["events"] = stack.container_events(call["container_id"])
-            calls.append(call)
-            log(f"call {i}{' (first: fills the code cache, not counted)' if i == 0 else ''}: "
-                f"{call['total_ms']:.0f} ms, container {call['container_id']}")
-        stack.wait_no_live(name)  # the last one's log moves to <worker>/logs when it stops
-        time.sleep(0.5)
+    with running_stack(args.keep_home) as stack:
+        tap = Tap(stack.state()["nats_url"]).start()
+        try:
+            stack.deploy(COLD_APP, "bench_cold")
+            calls = []
+            for i in range(args.calls + 1):
+                call = one_cold_call(stack, name, args.flush_neigh)
+                call["events"] = stack.container_events(call["container_id"])
+                call["address"] = next((e["data"]["address"] for e in call["events"]
+                                        if e["type"] == "ContainerReady"), "")
+                ip = call["address"].split("//")[-1].split(":")[0]
+                call["arp_entry_before"] = call.pop("arp_before").get(ip)
+                calls.append(call)
+                log(f"call {i}{' (first: fills the code cache, not counted)' if i == 0 else ''}: "
+                    f"{call['total_ms']:.0f} ms, container {call['container_id']} at {call['address']}, "
+                    f"host ARP entry for that address before the call: {call['arp_entry_before']}")
+            stack.wait_no_live(name)  # the last one's log moves to <worker>/logs when it stops
+            time.sleep(0.5)
+        finally:
+            tap.stop()
         logs = stack.worker_dir() / "logs"
-        retries = worker_retries(stack, [c["container_id"] for c in calls])
         for c in calls:
+            c["handoffs_ms"] = handoffs(tap, c, c["events"])
             c["phases"] = phases(c, c.pop("events"), birth_time(logs / f"{c['container_id']}.log"))
-            c["worker_retries"] = retries[c["container_id"]]
+            # the worker's placement handler ran before its own projection had the placement ("not
+            # projected yet"): it nak-ed, and JetStream redelivered after the nak delay (>= 200 ms)
+            c["worker_naks"] = sum(r["naks"] for k, r in tap.handed(c["container_id"], "ContainerScheduled").items()
+                                   if k.startswith("worker"))
+            c["stale_arp"] = stale(c["arp_entry_before"])
     load_after = os.getloadavg()
 
     first, measured = calls[0], calls[1:]
     stats = {p: summarize([c["phases"][p] for c in measured]) for p in PHASES if p in measured[0]["phases"]}
     print(f"\ncold call, {len(measured)} calls (p50 / min / max), one worker, runc, cached base root fs:")
     print(table(stats))
-    print(f"\nfirst call (code not yet cached on the worker): " +
+    print("\nfirst call (code not yet cached on the worker): " +
           ", ".join(f"{k} {v:.0f}" for k, v in first["phases"].items()) + " ms")
-    retried = sum(1 for c in measured if c["worker_retries"])
-    print(f"worker retried its placement handler ('not projected yet', nak >= 200 ms) in {retried} of "
+    keys = sorted({k for c in measured for k in c["handoffs_ms"]})
+    handoff_stats = {k: summarize([c["handoffs_ms"][k] for c in measured if k in c["handoffs_ms"]]) for k in keys}
+    print("\nhand-offs (from the event's occurred_at to its delivery to / ack by the consumer), p50 / min / max ms:")
+    for k, v in handoff_stats.items():
+        print(f"  {k:<52} {v['p50_ms']:>8.1f} {v['min_ms']:>8.1f} {v['max_ms']:>8.1f}")
+    retried = sum(1 for c in measured if c["worker_naks"])
+    print(f"worker nak-ed its placement ('not projected yet', redelivered >= 200 ms later) in {retried} of "
           f"{len(measured)} calls")
+    with_stale = [c["phases"]["ready"] for c in measured if c["stale_arp"]]
+    without = [c["phases"]["ready"] for c in measured if not c["stale_arp"]]
+    arp = {"calls_with_stale_entry": len(with_stale), "of": len(measured),
+           "ready_with_stale_entry": summarize(with_stale) if with_stale else None,
+           "ready_without": summarize(without) if without else None}
+    print(f"ready phase when the host had an ARP entry (old MAC) for the reused address: "
+          f"{arp['ready_with_stale_entry']} ({len(with_stale)} calls); without: {arp['ready_without']}")
     placement, start = stats["placement"]["p50_ms"], stats["worker"]["p50_ms"]
     runc = stats.get("runc_start", {}).get("p50_ms")
     print(f"placement p50 {placement:.1f} ms (target <= {TARGET_PLACEMENT_MS:.0f}): "
@@ -269,8 +412,8 @@ def main() -> None:
     write_results("cold_call", {
         "calls": len(measured), "app": "bench-cold: cpu 0.25, 128Mi, keep_warm_seconds=1, no on_start",
         "stack": "levers9 up on this machine: one local worker (min_warm=1, max_workers=1), runc runtime",
-        "loadavg_before": load_before, "loadavg_after": load_after,
-        "phases": stats, "first_call": first,
+        "flush_neigh": args.flush_neigh, "loadavg_before": load_before, "loadavg_after": load_after,
+        "phases": stats, "handoffs": handoff_stats, "stale_arp": arp, "first_call": first,
         "targets": {"placement_p50_ms": TARGET_PLACEMENT_MS, "container_start_p50_ms": TARGET_START_MS},
         "verdicts": {"placement": verdict(placement, TARGET_PLACEMENT_MS, higher_is_better=False),
                      "container_start": verdict(start, TARGET_START_MS, higher_is_better=False),

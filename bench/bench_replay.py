@@ -27,6 +27,7 @@ import argparse
 import asyncio
 import os
 import re
+import resource
 import statistics
 import subprocess
 import sys
@@ -150,6 +151,7 @@ async def main(args: argparse.Namespace) -> dict:
         cid = envs[len(envs) // 2].correlation_id
         n_cid = sum(1 for e in envs if e.correlation_id == cid)
         rep = args.repeat
+        res["background_cores_at_start"] = wait_quiet(args.max_wait_quiet) if args.max_wait_quiet > 0 else None
 
         async def reader_runs(decode_too: bool) -> tuple[list, dict]:
             runs = []
@@ -165,8 +167,13 @@ async def main(args: argparse.Namespace) -> dict:
 
         def cli(name: str, cli_args: list[str], scanned: int, expect: int) -> dict:
             meter = CpuMeter(home).start()
+            before = resource.getrusage(resource.RUSAGE_CHILDREN)
             runs = [time_cli(url, home, cli_args, args.variant) for _ in range(rep)]
-            cores = meter.stop()  # this process idles: the CLI child is "everything_else"
+            after = resource.getrusage(resource.RUSAGE_CHILDREN)
+            cores = meter.stop()
+            child = (after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime) / sum(s for _, s in runs)
+            cores["cli_process"] = round(child, 2)  # counted in everything_else by the meter: take it out
+            cores["everything_else"] = round(max(0.0, cores["everything_else"] - child), 2)
             if runs[0][0] != expect:
                 raise AssertionError(f"{name}: printed {runs[0][0]}, expected {expect}")
             return summarize(name, runs, scanned, cores)
@@ -196,6 +203,9 @@ if __name__ == "__main__":
     ap.add_argument("--repeat", type=int, default=3, help="runs of each measurement (median reported)")
     ap.add_argument("--table-events", type=int, default=10_000, help="events for the table output (0: skip)")
     ap.add_argument("--with-s3", action="store_true", help="also start SeaweedFS, as `levers9 up` does")
+    ap.add_argument("--max-wait-quiet", type=float, default=30,
+                    help="before measuring, wait up to this many seconds for other load on the machine to "
+                         "drop below 0.3 cores (0: don't wait)")
     ap.add_argument("--variant", default="library", choices=("library", "proposed"),
                     help="library: the code as it is (the figures of record); proposed: the reader swapped for "
                          "the prototype in bench/_proposed.py (read_push), CLI included")

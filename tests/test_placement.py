@@ -58,7 +58,7 @@ def test_placement_is_sound_complete_and_prefers_gpu_order_then_the_fullest(req,
     assert decision.worker_id is not None, decision.reason
     chosen = next(w for w in fleet if w.worker_id == decision.worker_id)
     assert fits(req, chosen)
-    if req.gpu:  # no feasible worker has a GPU type the caller prefers more
+    if req.gpu:  # no feasible worker (gpu, cpu and memory) has a GPU type the caller prefers more
         best_rank = min(req.gpu.index(w.gpu_type) for w in feasible)
         assert req.gpu.index(chosen.gpu_type) == best_rank
         feasible = [w for w in feasible if w.gpu_type == chosen.gpu_type]

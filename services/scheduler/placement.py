@@ -3,9 +3,9 @@
 The order of the steps is the policy:
 1. keep only workers that may take work at all: ready, not cordoned, in the requested pool, not
    excluded (a worker that lost this container before), with every runtime feature asked for;
-2. GPU: try the acceptable GPU types in the caller's order of preference; the first type that has a
-   worker with enough free GPUs decides the candidates (a worse type is used only when no better
-   one fits); a request with gpu_count and no type takes any GPU;
+2. GPU: try the acceptable GPU types in the caller's order of preference; a less preferred type is
+   used only when no worker of a better type has the GPUs, cpu and memory free; a request with
+   gpu_count and no type takes any GPU;
 3. keep those with enough free cpu and memory;
 4. rank best-fit: the fullest worker that still fits wins, so idle workers drain to zero and can be
    scaled down; ties go to the lowest worker id, so two schedulers agree.
@@ -70,18 +70,14 @@ def eligible(req: Request, w: WorkerState) -> bool:
             and req.features <= w.features)
 
 
-def gpu_candidates(req: Request, workers: list[WorkerState]) -> tuple[list[WorkerState], str]:
+def gpu_groups(req: Request, workers: list[WorkerState]) -> list[tuple[str, list[WorkerState]]]:
+    """Candidates grouped by GPU type, best preferred first; one group of all when no GPU is asked."""
     if req.gpu_count <= 0 and not req.gpu:
-        return [w for w in workers], ""
+        return [("", workers)]
     count = max(1, req.gpu_count)
     if not req.gpu:
-        fit = [w for w in workers if w.gpu_type and w.gpu_free >= count]
-        return fit, "" if fit else f"no worker has {count} free GPU(s)"
-    for gpu_type in req.gpu:  # order of preference
-        fit = [w for w in workers if w.gpu_type == gpu_type and w.gpu_free >= count]
-        if fit:
-            return fit, ""
-    return [], f"no worker has {count} free GPU(s) of type {' or '.join(req.gpu)}"
+        return [("any", [w for w in workers if w.gpu_type and w.gpu_free >= count])]
+    return [(t, [w for w in workers if w.gpu_type == t and w.gpu_free >= count]) for t in req.gpu]
 
 
 def score(req: Request, w: WorkerState) -> tuple[float, str]:
@@ -101,15 +97,18 @@ def place(req: Request, workers: list[WorkerState]) -> Placement:
         if missing:
             return Placement(None, f"no worker in pool {req.pool!r} has {', '.join(missing)}")
         return Placement(None, f"no ready, uncordoned worker in pool {req.pool!r}")
-    gpu_fit, why = gpu_candidates(req, usable)
-    if not gpu_fit:
-        return Placement(None, why)
-    fits = [w for w in gpu_fit if w.cpu_free >= req.cpu_millicores and w.memory_free >= req.memory_mib]
-    if not fits:
-        return Placement(None, f"no worker has {req.cpu_millicores}m cpu and {req.memory_mib} MiB free "
-                               f"({len(gpu_fit)} ready in pool {req.pool!r})")
-    ranked = sorted(fits, key=lambda w: score(req, w))
-    return Placement(ranked[0].worker_id, "", tuple(w.worker_id for w in ranked))
+    groups = gpu_groups(req, usable)
+    if not any(ws for _, ws in groups):
+        count = max(1, req.gpu_count)
+        kind = " or ".join(req.gpu) if req.gpu else "any type"
+        return Placement(None, f"no worker has {count} free GPU(s) of {kind}")
+    for _, group in groups:  # a less preferred GPU type only when no better one has room
+        fits = [w for w in group if w.cpu_free >= req.cpu_millicores and w.memory_free >= req.memory_mib]
+        if fits:
+            ranked = sorted(fits, key=lambda w: score(req, w))
+            return Placement(ranked[0].worker_id, "", tuple(w.worker_id for w in ranked))
+    return Placement(None, f"no worker has {req.cpu_millicores}m cpu and {req.memory_mib} MiB free "
+                           f"({len(usable)} ready in pool {req.pool!r})")
 
 
 def reserve(w: WorkerState, req: Request, new_seq: int) -> WorkerState:
