@@ -131,7 +131,7 @@ class Cpu:
 
 
 def wrk(url: str, clients: int, seconds: float, script: Path, headers: dict[str, str], cpu_groups: dict) -> dict:
-    cmd = ["wrk", "-t1", f"-c{clients}", f"-d{seconds}s", "--timeout", "10s", "-s", str(script)]
+    cmd = ["wrk", "-t1", f"-c{clients}", f"-d{max(1, round(seconds))}s", "--timeout", "10s", "-s", str(script)]
     for k, v in headers.items():
         cmd += ["-H", f"{k}: {v}"]
     cmd.append(url)

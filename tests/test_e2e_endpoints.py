@@ -246,10 +246,16 @@ def test_two_schedulers_never_overbook_a_worker(env):
                 assert r.status_code == 202
 
         def worker_events():
-            lines = cli(env, "events", "replay", "--json", "--workspace", "_sys", "--aggregate", "worker").stdout
-            docs = [json.loads(x) for x in lines.splitlines()]
-            return [(d["type"], d["data"]) for d in docs if d["data"]["worker_id"] in fakes
-                    and d["type"] in ("WorkerSlotReserved", "WorkerSlotReleased", "WorkerLost")]
+            async def read_all():
+                from levers9.runtime.reader import read
+                bus = await Bus.connect(state["nats_url"])
+                out = []
+                async for msgs in read(bus, [f"levers9._sys.worker.{w}.*" for w in fakes]):
+                    out += [(m.metadata.sequence.stream, json.loads(m.data)) for m in msgs]
+                await bus.close()
+                return out
+            return [(d["type"], {**d["data"], "seq": seq}) for seq, d in asyncio.run(read_all())
+                    if d["type"] in ("WorkerSlotReserved", "WorkerSlotReleased", "WorkerLost")]
 
         def placed():
             return sum(1 for t, _ in worker_events() if t == "WorkerSlotReserved") >= 8
@@ -258,15 +264,15 @@ def test_two_schedulers_never_overbook_a_worker(env):
         time.sleep(3)  # give a racing scheduler every chance to overbook
         events = worker_events()
         used: dict[str, int] = {}
-        slots: dict[tuple[str, str], int] = {}
-        for kind, data in events:  # capacity in log order: never over 1000m on any worker
+        slots: dict[tuple[str, str], tuple[int, int]] = {}  # -> (reservation seq, cpu)
+        for kind, data in events:  # capacity in log order, as the projections count it: never over 1000m
             key = (data["worker_id"], data["container_id"])
             if kind == "WorkerSlotReserved" and key not in slots:
-                slots[key] = data["cpu_millicores"]
+                slots[key] = (data["seq"], data["cpu_millicores"])
                 used[data["worker_id"]] = used.get(data["worker_id"], 0) + data["cpu_millicores"]
                 assert used[data["worker_id"]] <= 1000, events
-            elif kind == "WorkerSlotReleased" and key in slots:
-                used[data["worker_id"]] -= slots.pop(key)
+            elif kind == "WorkerSlotReleased" and key in slots and data["reserved_seq"] in (0, slots[key][0]):
+                used[data["worker_id"]] -= slots.pop(key)[1]
         assert not any(t == "WorkerLost" for t, _ in events), events
         assert len(slots) == 8 and all(v == 1000 for v in used.values()), used
         assert second.poll() is None

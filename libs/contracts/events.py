@@ -234,6 +234,7 @@ class WorkerSlotReleased(Event, frozen=True, kw_only=True):
     worker_id: str
     container_id: str
     reason: str = ""
+    reserved_seq: int = 0  # the reservation released (its stream sequence); 0: whichever holds the slot
 
 
 # ---- checkpoints -------------------------------------------------------------------------------

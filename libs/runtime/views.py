@@ -153,9 +153,11 @@ class WorkersView(Projection):
                         gpu_used = gpu_used + $4 WHERE worker_id = $1""",
                     ev.worker_id, ev.cpu_millicores, ev.memory_mib, ev.gpu_count)
         elif isinstance(ev, E.WorkerSlotReleased):
+            # a release names the reservation it undoes: a duplicate reservation's release (a lost race)
+            # must not free the slot the winner holds
             row = await conn.fetchrow(
-                f"DELETE FROM {schema}.worker_slots WHERE worker_id=$1 AND container_id=$2 RETURNING *",
-                ev.worker_id, ev.container_id)
+                f"""DELETE FROM {schema}.worker_slots WHERE worker_id=$1 AND container_id=$2
+                    AND ($3 = 0 OR reserved_seq = $3) RETURNING *""", ev.worker_id, ev.container_id, ev.reserved_seq)
             if row:
                 await conn.execute(
                     f"""UPDATE {schema}.workers SET cpu_used = cpu_used - $2, memory_used = memory_used - $3,

@@ -58,6 +58,9 @@ class SchedulerService(Service):
     def __init__(self, settings) -> None:
         super().__init__(settings)
         self.dirty = asyncio.Event()
+        # container -> the sequence of our last decision about it: until the projection has caught
+        # up to it, the row is stale and deciding again would only produce a conflict
+        self.decided: dict[str, int] = {}
         self.placed = 0
         self.deferred = 0
         self.conflicts = 0
@@ -95,6 +98,9 @@ class SchedulerService(Service):
             return
         workers = {w["worker_id"]: worker_state(w) for w in await self.pool.fetch("SELECT * FROM scheduler.workers")}
         for row in rows:
+            if row["last_seq"] < self.decided.get(row["container_id"], 0):
+                continue
+            self.decided.pop(row["container_id"], None)
             req = request_of(row)
             decision = place(req, list(workers.values()))
             if decision.worker_id is None:
@@ -113,22 +119,25 @@ class SchedulerService(Service):
                 return
             workers[w.worker_id] = reserve(w, req, appended.seq)
             try:
-                await self.bus.append(envelope(E.ContainerScheduled(
+                scheduled = await self.bus.append(envelope(E.ContainerScheduled(
                     container_id=req.container_id, worker_id=w.worker_id, attempt=row["attempt"]),
                     workspace=row["workspace"], correlation_id=row["correlation_id"]), row["last_seq"])
+                self.decided[req.container_id] = scheduled.seq
                 self.placed += 1
                 log.info("placed %s on %s", req.container_id, w.worker_id)
-            except ConcurrencyConflict:
+            except ConcurrencyConflict:  # another scheduler decided first: undo our reservation only
                 await self.bus.publish(envelope(E.WorkerSlotReleased(
-                    worker_id=w.worker_id, container_id=req.container_id, reason="container moved on"),
-                    workspace="_sys", correlation_id=row["correlation_id"]))
+                    worker_id=w.worker_id, container_id=req.container_id, reason="container moved on",
+                    reserved_seq=appended.seq), workspace="_sys", correlation_id=row["correlation_id"]))
                 self.dirty.set()
 
     async def defer(self, row, reason: str) -> None:
         try:
-            await self.bus.append(envelope(E.PlacementDeferred(container_id=row["container_id"], reason=reason),
-                                           workspace=row["workspace"], correlation_id=row["correlation_id"]),
-                                  row["last_seq"])
+            deferred = await self.bus.append(envelope(E.PlacementDeferred(container_id=row["container_id"],
+                                                                          reason=reason),
+                                                      workspace=row["workspace"], correlation_id=row["correlation_id"]),
+                                             row["last_seq"])
+            self.decided[row["container_id"]] = deferred.seq
             self.deferred += 1
         except ConcurrencyConflict:
             self.dirty.set()
@@ -136,7 +145,7 @@ class SchedulerService(Service):
     async def release_finished(self) -> None:
         """Free the capacity of containers that stopped, failed or were re-requested elsewhere."""
         rows = await self.pool.fetch(
-            """SELECT s.worker_id, s.container_id, c.correlation_id, c.status, c.last_seq
+            """SELECT s.worker_id, s.container_id, s.reserved_seq, c.correlation_id, c.status, c.last_seq
                FROM scheduler.worker_slots s
                JOIN scheduler.containers c ON c.workspace = s.workspace AND c.container_id = s.container_id
                WHERE c.status IN ('stopped', 'failed')
@@ -144,9 +153,10 @@ class SchedulerService(Service):
                       OR c.status IN ('requested', 'pending')))""")
         for r in rows:
             # the same decision on the same state gets the same id: the server drops the repeat
-            event_id = str(uuid.uuid5(RELEASE_NS, f"{r['worker_id']}:{r['container_id']}:{r['last_seq']}"))
+            event_id = str(uuid.uuid5(RELEASE_NS, f"{r['worker_id']}:{r['container_id']}:{r['reserved_seq']}"))
             await self.bus.publish(envelope(
-                E.WorkerSlotReleased(worker_id=r["worker_id"], container_id=r["container_id"], reason=r["status"]),
+                E.WorkerSlotReleased(worker_id=r["worker_id"], container_id=r["container_id"], reason=r["status"],
+                                     reserved_seq=r["reserved_seq"]),
                 workspace="_sys", correlation_id=r["correlation_id"], id=event_id))
 
     async def requeue_lost(self) -> None:
@@ -163,8 +173,9 @@ class SchedulerService(Service):
                 reason=f"worker {row['worker_id']} lost", deployment_version=row["deployment_version"],
                 attempt=row["attempt"] + 1, excluded_workers=excluded)
             try:
-                await self.bus.append(envelope(event, workspace=row["workspace"],
-                                               correlation_id=row["correlation_id"]), row["last_seq"])
+                requeued = await self.bus.append(envelope(event, workspace=row["workspace"],
+                                                          correlation_id=row["correlation_id"]), row["last_seq"])
+                self.decided[row["container_id"]] = requeued.seq
                 log.info("re-requested %s: worker %s lost", row["container_id"], row["worker_id"])
             except ConcurrencyConflict:
                 self.dirty.set()
