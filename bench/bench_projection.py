@@ -164,7 +164,8 @@ async def wait_process(proc: subprocess.Popen, timeout: float) -> None:
 
 # ---- phases -----------------------------------------------------------------------------------------
 
-async def catch_up(bus: Bus, pool: asyncpg.Pool, home: Path, args: argparse.Namespace) -> dict:
+async def catch_up(bus: Bus, pool: asyncpg.Pool, home: Path, args: argparse.Namespace,
+                   variant: str) -> dict:
     await fresh_log(bus)
     t = time.perf_counter()
     envs = make_envs(args.events, args.ids)
@@ -175,7 +176,7 @@ async def catch_up(bus: Bus, pool: asyncpg.Pool, home: Path, args: argparse.Name
     last = max(seqs)
     log(f"catch-up: published {args.events} in {t_pub:.2f} s ({args.events / t_pub:,.0f}/s; "
         f"envelopes made in {t_make:.2f} s)")
-    p = Projector(bus, pool, args.batch, args.variant)
+    p = Projector(bus, pool, args.batch, variant)
     await p.setup()
     profiler = cProfile.Profile() if args.profile else None
     cpu = CpuMeter(home).start()
@@ -191,7 +192,7 @@ async def catch_up(bus: Bus, pool: asyncpg.Pool, home: Path, args: argparse.Name
     await p.stop()
     check = await p.check(args.events, args.ids)
     rate = args.events / elapsed
-    log(f"catch-up: applied {args.events} in {elapsed:.2f} s = {rate:,.0f} events/s "
+    log(f"[{variant}] catch-up: applied {args.events} in {elapsed:.2f} s = {rate:,.0f} events/s "
         f"({p.batches} batches, {p.handle_s / elapsed:.0%} of the time in apply_batch; cores used {cores})  "
         f"target {TARGET_RATE:,.0f}: {verdict(rate, TARGET_RATE)}")
     doc = {"events": args.events, "distinct_containers": args.ids, "batch": args.batch,
@@ -204,9 +205,10 @@ async def catch_up(bus: Bus, pool: asyncpg.Pool, home: Path, args: argparse.Name
     return doc
 
 
-async def concurrent(bus: Bus, pool: asyncpg.Pool, home: Path, args: argparse.Namespace) -> dict:
+async def concurrent(bus: Bus, pool: asyncpg.Pool, home: Path, args: argparse.Namespace,
+                     variant: str) -> dict:
     await fresh_log(bus)
-    p = Projector(bus, pool, args.batch, args.variant)
+    p = Projector(bus, pool, args.batch, variant)
     await p.setup()
     p.start()
     await asyncio.sleep(0.5)  # subscribed and idle before the first event
@@ -224,9 +226,9 @@ async def concurrent(bus: Bus, pool: asyncpg.Pool, home: Path, args: argparse.Na
     check = await p.check(args.events, args.ids)
     elapsed = done - pub["t_start"]
     rate = args.events / elapsed
-    log(f"concurrent: published at {pub['publish_rate']:,.0f}/s; all {args.events} applied {elapsed:.2f} s after "
-        f"the first publish = {rate:,.0f} events/s (lag when publishing ended: {lag_at_end} events; "
-        f"{p.handle_s / elapsed:.0%} of the time in apply_batch; cores used {cores})  "
+    log(f"[{variant}] concurrent: published at {pub['publish_rate']:,.0f}/s; all {args.events} applied "
+        f"{elapsed:.2f} s after the first publish = {rate:,.0f} events/s (lag when publishing ended: "
+        f"{lag_at_end} events; {p.handle_s / elapsed:.0%} of the time in apply_batch; cores used {cores})  "
         f"target {TARGET_RATE:,.0f}: {verdict(rate, TARGET_RATE)}")
     return {"events": args.events, "batch": args.batch, "publish_rate": pub["publish_rate"],
             "seconds": round(elapsed, 3), "events_per_s": round(rate, 1), "lag_when_publishing_ended": lag_at_end,
@@ -235,9 +237,10 @@ async def concurrent(bus: Bus, pool: asyncpg.Pool, home: Path, args: argparse.Na
             "verdict": verdict(rate, TARGET_RATE)}
 
 
-async def latency(bus: Bus, pool: asyncpg.Pool, home: Path, args: argparse.Namespace) -> dict:
+async def latency(bus: Bus, pool: asyncpg.Pool, home: Path, args: argparse.Namespace,
+                  variant: str) -> dict:
     await fresh_log(bus)
-    p = Projector(bus, pool, args.batch, args.variant)
+    p = Projector(bus, pool, args.batch, variant)
     await p.setup()
     p.start()
     warm = make_envs(50, args.ids, "warmup")  # prepared statements, connections, subscription
@@ -271,7 +274,8 @@ async def latency(bus: Bus, pool: asyncpg.Pool, home: Path, args: argparse.Names
     apply_ms = [x[2] * 1000 for x in window]
     cycle_ms = [(b[0] - a[0]) * 1000 for a, b in zip(window, window[1:])]
     stats = percentiles(e2e)
-    log(f"latency at {args.rate:,.0f}/s offered ({pub['achieved_rate']:,.0f}/s achieved, {len(e2e)} events): "
+    log(f"[{variant}] latency at {args.rate:,.0f}/s offered ({pub['achieved_rate']:,.0f}/s achieved, "
+        f"{len(e2e)} events): "
         f"publish->applied p50 {stats['p50_ms']} ms, p90 {stats['p90_ms']} ms, p99 {stats['p99_ms']} ms, "
         f"max {stats['max_ms']} ms  (publish ack alone p99 {percentiles(acks)['p99_ms']} ms; apply_batch p50/p99 "
         f"{percentiles(apply_ms)['p50_ms']}/{percentiles(apply_ms)['p99_ms']} ms; "
@@ -316,22 +320,53 @@ def dump_profile(profiler: cProfile.Profile, name: str, top: int = 30) -> dict:
     return {"pstats_file": str(path)}
 
 
+PHASES = {"catchup": (catch_up, "events_per_s", True), "concurrent": (concurrent, "events_per_s", True),
+          "latency": (latency, "p99_ms", False)}
+
+
+def key_of(phase: str, doc: dict) -> float:
+    return doc["publish_to_applied"]["p99_ms"] if phase == "latency" else doc["events_per_s"]
+
+
 async def main(args: argparse.Namespace) -> dict:
+    """Every round runs every phase for every variant, alternating, so a change in the machine's
+    background load (it is shared) hits the variants alike; per variant and phase the median run is
+    kept, with the figure of each run beside it."""
     phases = [x.strip() for x in args.phases.split(",") if x.strip()]
-    results: dict = {"args": {k: v for k, v in vars(args).items()}}
+    variants = [x.strip() for x in args.variants.split(",") if x.strip()]
+    runs: dict[str, dict[str, list[dict]]] = {v: {ph: [] for ph in phases} for v in variants}
     with servers(args.with_s3) as (urls, home):
         bus = await Bus.connect(urls["nats_url"], name="levers9-bench")
         # the pool a service creates (Service.connect)
         pool = await asyncpg.create_pool(urls["database_url"], min_size=1, max_size=8)
         try:
-            for phase in phases:
-                fn = {"catchup": catch_up, "concurrent": concurrent, "latency": latency}[phase]
-                background = wait_quiet(args.max_wait_quiet) if args.max_wait_quiet > 0 else None
-                results[phase] = await fn(bus, pool, home, args)
-                results[phase]["background_cores_at_start"] = background
+            for rnd in range(args.rounds):
+                for phase in phases:
+                    for variant in variants:
+                        background = wait_quiet(args.max_wait_quiet) if args.max_wait_quiet > 0 else None
+                        doc = await PHASES[phase][0](bus, pool, home, args, variant)
+                        doc["background_cores_at_start"] = background
+                        doc["round"] = rnd + 1
+                        runs[variant][phase].append(doc)
         finally:
             await pool.close()
             await bus.close()
+    results: dict = {"args": dict(vars(args))}
+    for variant in variants:
+        results[variant] = {}
+        for phase in phases:
+            docs = sorted(runs[variant][phase], key=lambda d, ph=phase: key_of(ph, d))
+            # the middle run; with an even count, the worse of the two middle ones
+            median = dict(docs[(len(docs) - 1) // 2] if PHASES[phase][2] else docs[len(docs) // 2])
+            median["runs"] = [key_of(phase, d) for d in runs[variant][phase]]
+            median["background_cores_runs"] = [d["background_cores_at_start"] for d in runs[variant][phase]]
+            results[variant][phase] = median
+    log(f"\nmedian of {args.rounds} round(s), per variant:")
+    for variant in variants:
+        for phase in phases:
+            d = results[variant][phase]
+            unit = "ms p99" if phase == "latency" else "events/s"
+            log(f"  {variant:<22} {phase:<11} {key_of(phase, d):>10,.1f} {unit}  runs {d['runs']}  {d['verdict']}")
     return results
 
 
@@ -348,12 +383,18 @@ if __name__ == "__main__":
     ap.add_argument("--max-wait-quiet", type=float, default=30,
                     help="before each phase wait up to this many seconds for other load on the machine to "
                          "drop below 0.3 cores (0: don't wait)")
-    ap.add_argument("--variant", default="library", choices=("library", "proposed", "proposed-async-commit"),
-                    help="library: the code as it is (the figures of record); proposed*: prototypes of the "
-                         "changes suggested in bench/README.md (bench/_proposed.py)")
-    ap.add_argument("--name", help="results file name (bench/results/NAME.json); default from the variant")
+    ap.add_argument("--rounds", type=int, default=1, help="run everything this many times; medians reported")
+    ap.add_argument("--variants", default="library",
+                    help="comma-separated, run alternately: library (the code as it is: the figures of record), "
+                         "proposed, proposed-async-commit (prototypes of the changes suggested in "
+                         "bench/README.md, from bench/_proposed.py)")
+    ap.add_argument("--name", help="results file name (bench/results/NAME.json); default bench_projection, "
+                                   "or bench_projection_ab when a variant other than library is run")
     a = ap.parse_args()
-    a.name = a.name or ("bench_projection" if a.variant == "library" else f"bench_projection_{a.variant}")
+    for v in a.variants.split(","):
+        if v.strip() not in ("library", "proposed", "proposed-async-commit"):
+            ap.error(f"unknown variant {v!r}")
+    a.name = a.name or ("bench_projection" if a.variants == "library" else "bench_projection_ab")
     started = time.perf_counter()
     res = asyncio.run(main(a))
     res["wall_s"] = round(time.perf_counter() - started, 1)

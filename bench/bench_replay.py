@@ -6,7 +6,7 @@ ContainerRequested -> ContainerScheduled -> ContainerStarted -> ContainerReady -
 each lifecycle one correlation, plus DeploymentCreated and platform (_sys) worker events. Published
 concurrently (publish_async with Nats-Msg-Id = envelope id) to make the setup quick.
 
-Measured (each --repeat times, median reported):
+Measured (each --repeat times, median reported; with several --variants, alternately):
   reader            the loop `async for msgs in read(bus)` over every message (what `replay` builds on)
   reader+decode     the same, plus full `levers9.contracts.decode` of each message (what a rebuild does)
   cli               `python -m levers9 events replay --json > /dev/null`, the whole command
@@ -28,10 +28,8 @@ import asyncio
 import os
 import re
 import resource
-import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -110,23 +108,23 @@ def time_cli(url: str, home: Path, args: list[str], variant: str = "library",
     return int(m.group(1)), elapsed
 
 
-def summarize(name: str, runs: list[tuple[int, float]], scanned: int, cores: dict | None = None) -> dict:
-    counts = {c for c, _ in runs}
-    secs = [s for _, s in runs]
-    med = statistics.median(secs)
-    doc = {"printed": runs[0][0], "scanned": scanned, "seconds_runs": [round(s, 3) for s in secs],
-           "seconds_median": round(med, 3), "events_per_s": round(scanned / med, 1)}
-    if cores:
-        doc["cores_used"] = cores
+def summarize(name: str, runs: list[tuple[int, float, dict]], scanned: int) -> dict:
+    counts = {c for c, _, _ in runs}
     if len(counts) != 1:
         raise AssertionError(f"{name}: runs printed different counts {counts}")
-    log(f"{name:<28} {runs[0][0]:>7} printed, {scanned:>7} read  median {med:6.2f} s  "
-        f"= {scanned / med:>9,.0f} events/s" + (f"  cores {cores}" if cores else ""))
+    order = sorted(range(len(runs)), key=lambda i: runs[i][1])
+    mid = order[len(order) // 2]  # the median run (with an even count, the slower middle one)
+    med = runs[mid][1]
+    doc = {"printed": runs[0][0], "read": scanned, "seconds_runs": [round(s, 3) for _, s, _ in runs],
+           "seconds_median": round(med, 3), "events_per_s": round(scanned / med, 1), "cores_used": runs[mid][2]}
+    log(f"  {name:<34} {runs[0][0]:>7} printed {scanned:>7} read  median {med:6.2f} s = "
+        f"{scanned / med:>9,.0f} events/s  (runs {', '.join(f'{s:.2f}' for _, s, _ in runs)} s; cores {runs[mid][2]})")
     return doc
 
 
 async def main(args: argparse.Namespace) -> dict:
-    res: dict = {"args": vars(args)}
+    variants = [v.strip() for v in args.variants.split(",") if v.strip()]
+    res: dict = {"args": dict(vars(args))}
     with servers(args.with_s3) as (urls, home):
         url = urls["nats_url"]
         bus = await Bus.connect(url, name="levers9-bench")
@@ -150,50 +148,60 @@ async def main(args: argparse.Namespace) -> dict:
         n_acme = sum(1 for e in envs if e.workspace == "acme")
         cid = envs[len(envs) // 2].correlation_id
         n_cid = sum(1 for e in envs if e.correlation_id == cid)
-        rep = args.repeat
         res["background_cores_at_start"] = wait_quiet(args.max_wait_quiet) if args.max_wait_quiet > 0 else None
 
-        async def reader_runs(decode_too: bool) -> tuple[list, dict]:
-            runs = []
+        async def reader_run(variant: str, decode_too: bool) -> tuple[int, float, dict]:
             meter = CpuMeter(home).start()
-            for _ in range(rep):
-                runs.append(await time_reader(url, decode_too, args.variant))
-            return runs, meter.stop()
+            count, secs = await time_reader(url, decode_too, variant)
+            return count, secs, meter.stop()
 
-        runs, cores = await reader_runs(False)
-        res["reader"] = summarize("reader (in-process)", runs, n, cores)
-        runs, cores = await reader_runs(True)
-        res["reader_decode"] = summarize("reader + decode", runs, n, cores)
-
-        def cli(name: str, cli_args: list[str], scanned: int, expect: int) -> dict:
+        async def cli_run(variant: str, cli_args: list[str]) -> tuple[int, float, dict]:
             meter = CpuMeter(home).start()
             before = resource.getrusage(resource.RUSAGE_CHILDREN)
-            runs = [time_cli(url, home, cli_args, args.variant) for _ in range(rep)]
+            count, secs = await asyncio.to_thread(time_cli, url, home, cli_args, variant)
             after = resource.getrusage(resource.RUSAGE_CHILDREN)
             cores = meter.stop()
-            child = (after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime) / sum(s for _, s in runs)
-            cores["cli_process"] = round(child, 2)  # counted in everything_else by the meter: take it out
+            child = (after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime) / secs
+            cores["cli_process"] = round(child, 2)  # the meter counted it in everything_else: take it out
             cores["everything_else"] = round(max(0.0, cores["everything_else"] - child), 2)
-            if runs[0][0] != expect:
-                raise AssertionError(f"{name}: printed {runs[0][0]}, expected {expect}")
-            return summarize(name, runs, scanned, cores)
+            return count, secs, cores
 
-        res["cli_startup"] = cli("cli startup (--to-seq 1)", ["--json", "--to-seq", "1"], 1, 1)
-        res["cli"] = cli("cli --json", ["--json"], n, n)
-        res["cli_type"] = cli("cli --json --type", ["--json", "--type", "ContainerRequested"], n_requested,
-                              n_requested)
-        res["cli_workspace"] = cli("cli --json --workspace acme", ["--json", "--workspace", "acme"], n_acme, n_acme)
-        res["cli_correlation"] = cli("cli --json --correlation-id", ["--json", "--correlation-id", cid], n, n_cid)
+        measurements = [
+            ("reader", "reader (in-process)", n, n, lambda v: reader_run(v, False)),
+            ("reader_decode", "reader + decode", n, n, lambda v: reader_run(v, True)),
+            ("cli_startup", "cli startup (--to-seq 1)", 1, 1, lambda v: cli_run(v, ["--json", "--to-seq", "1"])),
+            ("cli", "cli --json", n, n, lambda v: cli_run(v, ["--json"])),
+            ("cli_type", "cli --json --type ContainerRequested", n_requested, n_requested,
+             lambda v: cli_run(v, ["--json", "--type", "ContainerRequested"])),
+            ("cli_workspace", "cli --json --workspace acme", n_acme, n_acme,
+             lambda v: cli_run(v, ["--json", "--workspace", "acme"])),
+            ("cli_correlation", "cli --json --correlation-id", n, n_cid,
+             lambda v: cli_run(v, ["--json", "--correlation-id", cid])),
+        ]
         if args.table_events:
-            res["cli_table"] = cli(f"cli table (first {args.table_events})", ["--to-seq", str(args.table_events)],
-                                   args.table_events, args.table_events)
-        startup = res["cli_startup"]["seconds_median"]
-        res["cli"]["events_per_s_excluding_startup"] = round(n / max(1e-9, res["cli"]["seconds_median"] - startup), 1)
-        rate = res["cli"]["events_per_s"]
-        res["target_events_per_s"] = TARGET
-        res["verdict"] = verdict(rate, TARGET)
-        log(f"`levers9 events replay --json` over {n} events: {rate:,.0f} events/s (whole command, median of "
-            f"{rep}); target {TARGET:,.0f}: {res['verdict']}")
+            te = args.table_events
+            measurements.append(("cli_table", f"cli table (first {te}, no --json)", te, te,
+                                 lambda v: cli_run(v, ["--to-seq", str(te)])))
+        for v in variants:
+            res[v] = {}
+        for key, name, scanned, expect, run in measurements:
+            runs: dict[str, list] = {v: [] for v in variants}
+            for _ in range(args.repeat):
+                for v in variants:  # alternate, so a change in background load hits the variants alike
+                    runs[v].append(await run(v))
+            for v in variants:
+                if runs[v][0][0] != expect:
+                    raise AssertionError(f"{name} [{v}]: printed {runs[v][0][0]}, expected {expect}")
+                log(f"[{v}]")
+                res[v][key] = summarize(name, runs[v], scanned)
+        for v in variants:
+            r = res[v]
+            startup = r["cli_startup"]["seconds_median"]
+            r["cli"]["events_per_s_excluding_startup"] = round(n / max(1e-9, r["cli"]["seconds_median"] - startup), 1)
+            r["target_events_per_s"] = TARGET
+            r["verdict"] = verdict(r["cli"]["events_per_s"], TARGET)
+            log(f"[{v}] `levers9 events replay --json` over {n} events: {r['cli']['events_per_s']:,.0f} events/s "
+                f"(whole command, median of {args.repeat}); target {TARGET:,.0f}: {r['verdict']}")
     return res
 
 
@@ -206,12 +214,17 @@ if __name__ == "__main__":
     ap.add_argument("--max-wait-quiet", type=float, default=30,
                     help="before measuring, wait up to this many seconds for other load on the machine to "
                          "drop below 0.3 cores (0: don't wait)")
-    ap.add_argument("--variant", default="library", choices=("library", "proposed"),
-                    help="library: the code as it is (the figures of record); proposed: the reader swapped for "
-                         "the prototype in bench/_proposed.py (read_push), CLI included")
-    ap.add_argument("--name", help="results file name (bench/results/NAME.json); default from the variant")
+    ap.add_argument("--variants", default="library",
+                    help="comma-separated, run alternately: library (the code as it is: the figures of record), "
+                         "proposed (the reader swapped for the prototype read_push in bench/_proposed.py, "
+                         "in-process and in the CLI)")
+    ap.add_argument("--name", help="results file name (bench/results/NAME.json); default bench_replay, "
+                                   "or bench_replay_ab when a variant other than library is run")
     a = ap.parse_args()
-    a.name = a.name or ("bench_replay" if a.variant == "library" else f"bench_replay_{a.variant}")
+    for v in a.variants.split(","):
+        if v.strip() not in ("library", "proposed"):
+            ap.error(f"unknown variant {v!r}")
+    a.name = a.name or ("bench_replay" if a.variants == "library" else "bench_replay_ab")
     started = time.perf_counter()
     result = asyncio.run(main(a))
     result["wall_s"] = round(time.perf_counter() - started, 1)

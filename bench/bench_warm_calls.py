@@ -38,7 +38,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import CpuMeter, _cpu_seconds, log, verdict, write_results  # noqa: E402
+from _common import RESULTS, CpuMeter, _cpu_seconds, log, verdict, write_results  # noqa: E402
 from bench_cold_call import running_stack  # noqa: E402
 
 CLIENTS = (1, 10, 100)
@@ -147,89 +147,125 @@ def wrk(url: str, clients: int, seconds: float, script: Path, headers: dict[str,
     r = json.loads(line[len("WRK_JSON "):])
     secs = r["duration_us"] / 1e6
     errors = sum(r["errors"].values())
+    cpu_ms = {k: round(v * secs * 1000 / max(1, r["requests"]), 3) for k, v in cpu.cores.items()
+              if k in ("gateway", "runner")}
     return {"clients": clients, "requests": r["requests"], "seconds": round(secs, 2),
             "rps": round(r["requests"] / secs, 1), "errors": r["errors"], "ok_rps": round((r["requests"] - errors) / secs, 1),
             "p50_ms": r["latency_us"]["p50"] / 1000, "p90_ms": r["latency_us"]["p90"] / 1000,
             "p99_ms": r["latency_us"]["p99"] / 1000, "max_ms": r["latency_us"]["max"] / 1000,
-            "mean_ms": round(r["latency_us"]["mean"] / 1000, 3), "cpu_cores": cpu.cores}
+            "mean_ms": round(r["latency_us"]["mean"] / 1000, 3), "cpu_cores": cpu.cores,
+            "cpu_ms_per_request": cpu_ms}
+
+
+def header_body_gap(address: str, requests: int = 20) -> dict:
+    """On one keep-alive connection, GET the runner `requests` times and measure, per answer, the time
+    from its first bytes (status line + headers) to its last (the body). The runner writes the headers
+    and the body with two send()s on a socket without TCP_NODELAY: Nagle holds the body until the
+    headers are ACKed, and the client delays that ACK (up to 40 ms on Linux)."""
+    import socket
+    host, port = address.split("//")[1].rsplit(":", 1)
+    gaps, totals = [], []
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        for _ in range(requests):
+            t0 = time.perf_counter()
+            sock.sendall(f"GET / HTTP/1.1\r\nHost: {host}\r\n\r\n".encode())
+            buf = sock.recv(65536)
+            first = time.perf_counter()
+            while b"\r\n\r\n" not in buf:
+                buf += sock.recv(65536)
+            head, _, body = buf.partition(b"\r\n\r\n")
+            length = int(re.search(rb"(?i)content-length:\s*(\d+)", head).group(1))
+            while len(body) < length:
+                body += sock.recv(65536)
+            last = time.perf_counter()
+            gaps.append((last - first) * 1000)
+            totals.append((last - t0) * 1000)
+    gaps.sort()
+    totals.sort()
+    return {"requests": requests, "gap_p50_ms": round(gaps[len(gaps) // 2], 3), "gap_max_ms": round(gaps[-1], 3),
+            "total_p50_ms": round(totals[len(totals) // 2], 3)}
 
 
 # ---- profile ------------------------------------------------------------------------------------
 
-GATEWAY_FRAME = re.compile(r"^(\w+) \((?:.*/)?services/gateway/(\w+\.py)(?::\d+)?\)$")
-BUCKETS = (  # the first match, looked for from the leaf of each stack up
-    ("httpx/httpcore (proxy client)", ("/httpx/", "/httpcore/")),
-    ("h11 (HTTP/1.1 parsing, server and client)", ("/h11/",)),
-    ("uvicorn (server protocol)", ("/uvicorn/",)),
-    ("starlette/fastapi (routing, dependencies, responses)", ("/starlette/", "/fastapi/")),
-    ("pydantic", ("/pydantic/", "pydantic_core")),
-    ("asyncpg (Postgres)", ("/asyncpg/",)),
-    ("json / msgspec", ("/json/", "msgspec")),
-    ("asyncio event loop, selectors, sockets", ("/asyncio/", "selectors.py", "socket.py", "ssl.py")),
-    ("levers9 (gateway, runtime, contracts)", ("/services/", "/libs/", "levers9")),
+FRAME_LINE = re.compile(r":\d+\)$")
+GATEWAY_FILE = re.compile(r"\((?:.*/)?gateway/(service|router)\.py\)$")
+# what the samples go to: (label, frames whose text contains one of these); inclusive, so they overlap
+SPOTS = (
+    ("httpx AsyncClient.send: the upstream request (httpx + httpcore + h11 client)", ("AsyncClient.send (",)),
+    ("starlette StreamingResponse: streaming the answer back (anyio task group, aiter_raw)",
+     ("StreamingResponse.",)),
+    ("asyncpg: a query per call (resolve: the deployment row)", ("Connection.fetchrow (",)),
+    ("httpcore current_async_library: `import sniffio` fails (not installed) on every call",
+     ("current_async_library (",)),
+    ("logging (httpx logs every proxied request at INFO)", ("Logger._log (",)),
+    ("OpenTelemetry spans", ("opentelemetry/", "(trace/__init__.py)")),
+    ("socket writes (kernel: veth/bridge/TCP of the receiver; preemption by the woken peer)",
+     ("_SelectorSocketTransport.write (",)),
+    ("uvicorn h11 server: parsing requests, writing answers", ("H11Protocol.", "RequestResponseCycle.send (")),
+    ("FastAPI dependencies (auth: Depends(user))", ("solve_dependencies (",)),
 )
 
 
-def profile_gateway(pid: int, url: str, headers: dict[str, str], script: Path, seconds: float, out_dir: Path) -> dict:
-    """py-spy samples the gateway (--idle off: only stacks on CPU) while wrk drives it at 100 clients."""
+def read_raw(raw: Path) -> list[tuple[list[str], int]]:
+    out = []
+    for line in raw.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        if count.isdigit():
+            out.append(([FRAME_LINE.sub(")", f.strip()) for f in stack.split(";")], int(count)))
+    return out
+
+
+def analyse(stacks: list[tuple[list[str], int]]) -> dict:
+    total = sum(n for _, n in stacks)
+    pct = lambda n: round(100.0 * n / max(1, total), 1)  # noqa: E731
+    gateway: collections.Counter = collections.Counter()
+    spots: collections.Counter = collections.Counter()
+    leaves: collections.Counter = collections.Counter()
+    for frames, n in stacks:
+        for key in {f for f in frames if GATEWAY_FILE.search(f)}:
+            gateway[key] += n
+        for label, needles in SPOTS:
+            if any(needle in f for f in frames for needle in needles):
+                spots[label] += n
+        leaves[frames[-1]] += n
+    return {"samples": total,
+            "gateway_functions_inclusive_pct": {k: pct(v) for k, v in gateway.most_common(20)},
+            "spots_inclusive_pct": {k: pct(spots[k]) for k, _ in SPOTS},
+            "top_leaf_frames_pct": {k: pct(v) for k, v in leaves.most_common(15)}}
+
+
+def callees(stacks: list[tuple[list[str], int]], function: str) -> dict[str, float]:
+    """Of the samples under a services/gateway function (e.g. "GatewayService.proxy"), each direct callee's share."""
+    under: collections.Counter = collections.Counter()
+    total = 0
+    for frames, n in stacks:
+        for i, fr in enumerate(frames):
+            if fr.startswith(function + " (") and GATEWAY_FILE.search(fr):
+                total += n
+                under[frames[i + 1] if i + 1 < len(frames) else "(itself)"] += n
+                break
+    return {k: round(100.0 * v / max(1, total), 1) for k, v in under.most_common(10)}
+
+
+def profile_gateway(pid: int, url: str, headers: dict[str, str], script: Path, seconds: float, raw: Path) -> dict:
+    """py-spy samples the gateway (on-CPU stacks only) while wrk drives it at 100 clients."""
     spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
-    raw = out_dir / "gateway.pyspy.txt"
-    proc = subprocess.Popen([spy, "record", "--pid", str(pid), "--duration", str(int(seconds)), "--rate", "250",
-                             "--format", "raw", "--output", str(raw), "--nonblocking"],
+    if not Path(spy).exists():
+        return {"error": "py-spy is not installed: /tmp/venv/bin/pip install py-spy"}
+    proc = subprocess.Popen([spy, "record", "--pid", str(pid), "--duration", str(max(1, round(seconds)) + 1),
+                             "--rate", "250", "--format", "raw", "--output", str(raw), "--nonblocking"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     time.sleep(0.5)
-    load = wrk(url, 100, seconds, script, headers, {})
+    load = wrk(url, 100, seconds, script, headers, {"gateway": lambda: [pid]})
     spy_out, _ = proc.communicate(timeout=seconds + 60)
     if proc.returncode != 0 or not raw.exists():
         return {"error": f"py-spy failed ({proc.returncode}): {spy_out[-2000:]}"}
-    total = 0
-    inclusive: collections.Counter = collections.Counter()
-    self_time: collections.Counter = collections.Counter()
-    buckets: collections.Counter = collections.Counter()
-    for line in raw.read_text().splitlines():
-        stack, _, count = line.rpartition(" ")
-        if not count.isdigit():
-            continue
-        n = int(count)
-        frames = stack.split(";")
-        total += n
-        seen = set()
-        for fr in frames:
-            m = GATEWAY_FRAME.match(fr.strip())
-            if m and (key := f"{m.group(2)}:{m.group(1)}") not in seen:
-                seen.add(key)
-                inclusive[key] += n
-        leaf = frames[-1].strip()
-        self_time[leaf] += n
-        for name, needles in BUCKETS:
-            if any(s in leaf for s in needles):
-                buckets[name] += n
-                break
-        else:
-            buckets["other: " + re.sub(r" \(.*", "", leaf)] += n
-    pct = lambda n: round(100.0 * n / max(1, total), 1)  # noqa: E731
-    return {"samples": total, "rate_hz": 250, "load": load,
-            "gateway_functions_inclusive_pct": {k: pct(v) for k, v in inclusive.most_common(25)},
-            "leaf_buckets_pct": {k: pct(v) for k, v in buckets.most_common(15)},
-            "top_leaf_frames_pct": {k: pct(v) for k, v in self_time.most_common(20)}}
-
-
-def invoke_children(raw: Path, function: str) -> dict[str, float]:
-    """Of the samples under `function` (a services/gateway frame), the share of each direct callee."""
-    under: collections.Counter = collections.Counter()
-    total = 0
-    for line in raw.read_text().splitlines():
-        stack, _, count = line.rpartition(" ")
-        if not count.isdigit():
-            continue
-        frames = [f.strip() for f in stack.split(";")]
-        for i, fr in enumerate(frames):
-            if fr.startswith(function + " (") and "services/gateway" in fr:
-                total += int(count)
-                callee = frames[i + 1] if i + 1 < len(frames) else "(self)"
-                under[re.sub(r":\d+\)$", ")", callee)] += int(count)
-                break
-    return {k: round(100.0 * v / max(1, total), 1) for k, v in under.most_common(12)}
+    stacks = read_raw(raw)
+    out = {"rate_hz": 250, "load": load, "raw_stacks": str(raw), **analyse(stacks)}
+    for fn in ("GatewayService.invoke", "GatewayService.proxy"):
+        out[f"{fn} callees_pct"] = callees(stacks, fn)
+    return out
 
 
 # ---- main ---------------------------------------------------------------------------------------
@@ -246,7 +282,7 @@ def main() -> None:
     script = tmp / "report.lua"
     script.write_text(REPORT_LUA)
     results: dict[str, list[dict]] = {"direct": [], "gateway": []}
-    profile = None
+    profile = gap = None
     load_before = os.getloadavg()
     try:
         with running_stack() as stack:
@@ -265,6 +301,8 @@ def main() -> None:
             log(f"container {live[0]['container_id']} at {address}; warming both paths")
             for target, (url, headers) in targets.items():
                 wrk(url, 10, 2, script, headers, groups)
+            gap = header_body_gap(address)
+            log(f"runner: headers -> body of one answer, p50 {gap['gap_p50_ms']:.1f} ms ({gap})")
             for clients in CLIENTS:
                 for target, (url, headers) in targets.items():
                     res = wrk(url, clients, args.seconds, script, headers, groups)
@@ -272,11 +310,9 @@ def main() -> None:
                     log(f"{target:>7} {clients:>3} clients: {res['rps']:>8.0f} req/s  p50 {res['p50_ms']:.2f} ms  "
                         f"p99 {res['p99_ms']:.2f} ms  errors {res['errors']}  cores {res['cpu_cores']}")
             if args.profile:
-                profile = profile_gateway(gw_pid, *targets["gateway"], script, args.seconds, tmp)
-                if "error" not in profile:
-                    profile["invoke_callees_pct"] = invoke_children(tmp / "gateway.pyspy.txt", "invoke")
-                    profile["proxy_callees_pct"] = invoke_children(tmp / "gateway.pyspy.txt", "proxy")
-                    profile["resolve_callees_pct"] = invoke_children(tmp / "gateway.pyspy.txt", "resolve")
+                RESULTS.mkdir(parents=True, exist_ok=True)
+                profile = profile_gateway(gw_pid, *targets["gateway"], script, args.seconds,
+                                          RESULTS / "warm_calls_gateway.pyspy.txt")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     load_after = os.getloadavg()
@@ -284,13 +320,19 @@ def main() -> None:
     comparison = []
     print(f"\nwarm calls, wrk -t1, {args.seconds:.0f} s per run, one container (concurrency 100), all on this machine:")
     print(f"{'clients':>7} | {'direct req/s':>12} {'p50 ms':>7} {'p99 ms':>7} | {'gateway req/s':>13} {'p50 ms':>7} "
-          f"{'p99 ms':>7} | {'added p50':>9} {'gw % of direct':>14}")
+          f"{'p99 ms':>7} | {'added p50':>9} {'gw % of direct':>14} | {'gw CPU ms/req':>13}")
     for d, g in zip(results["direct"], results["gateway"]):
         added, share = round(g["p50_ms"] - d["p50_ms"], 3), round(100.0 * g["ok_rps"] / max(1e-9, d["ok_rps"]), 1)
         comparison.append({"clients": d["clients"], "added_p50_ms": added, "added_p99_ms": round(g["p99_ms"] - d["p99_ms"], 3),
                            "gateway_pct_of_direct_rps": share})
         print(f"{d['clients']:>7} | {d['rps']:>12.0f} {d['p50_ms']:>7.2f} {d['p99_ms']:>7.2f} | {g['rps']:>13.0f} "
-              f"{g['p50_ms']:>7.2f} {g['p99_ms']:>7.2f} | {added:>9.2f} {share:>13.1f}%")
+              f"{g['p50_ms']:>7.2f} {g['p99_ms']:>7.2f} | {added:>9.2f} {share:>13.1f}% | "
+              f"{g['cpu_ms_per_request'].get('gateway', 0):>13.2f}")
+    print(f"cores busy during the gateway runs (gateway / runner / wrk / everything else on the machine): " +
+          "; ".join(f"{g['clients']} clients: {g['cpu_cores']}" for g in results["gateway"]))
+    if gap:
+        print(f"runner: {gap['gap_p50_ms']:.1f} ms p50 between an answer's headers and its body (one keep-alive "
+              f"connection; two send()s without TCP_NODELAY: Nagle + delayed ACK)")
     at1 = next(c for c in comparison if c["clients"] == 1)
     at100 = next(c for c in comparison if c["clients"] == 100)
     print(f"\np50 added by the gateway (1 client): {at1['added_p50_ms']:.2f} ms (target <= {TARGET_ADDED_P50_MS:.0f}): "
@@ -298,16 +340,18 @@ def main() -> None:
     print(f"gateway throughput at 100 clients: {at100['gateway_pct_of_direct_rps']:.1f}% of direct "
           f"(target >= {TARGET_THROUGHPUT_PCT:.0f}%): {verdict(at100['gateway_pct_of_direct_rps'], TARGET_THROUGHPUT_PCT)}")
     if profile and "error" not in profile:
-        print(f"\ngateway profile at 100 clients ({profile['samples']} samples on CPU, "
-              f"{profile['load']['rps']:.0f} req/s while sampled):")
-        print("  functions of services/gateway (inclusive %):")
+        print(f"\ngateway profile at 100 clients (py-spy, {profile['samples']} samples, "
+              f"{profile['load']['rps']:.0f} req/s and {profile['load']['cpu_cores']} cores while sampled):")
+        print("  functions of services/gateway (inclusive % of samples):")
         for k, v in profile["gateway_functions_inclusive_pct"].items():
             print(f"    {v:>5.1f}%  {k}")
-        print("  where the CPU is spent (leaf frame's library, %):")
-        for k, v in profile["leaf_buckets_pct"].items():
+        print("  where it goes (inclusive %, overlapping):")
+        for k, v in profile["spots_inclusive_pct"].items():
             print(f"    {v:>5.1f}%  {k}")
-        for fn in ("invoke", "proxy", "resolve"):
-            print(f"  under {fn}() (direct callees, %): {profile[f'{fn}_callees_pct']}")
+        for fn in ("GatewayService.invoke", "GatewayService.proxy"):
+            print(f"  under {fn} (direct callees, %):")
+            for k, v in profile[f"{fn} callees_pct"].items():
+                print(f"    {v:>5.1f}%  {k}")
     elif profile:
         print(profile["error"])
     write_results("warm_calls", {
@@ -319,6 +363,7 @@ def main() -> None:
         "targets": {"added_p50_ms": TARGET_ADDED_P50_MS, "gateway_pct_of_direct_at_100": TARGET_THROUGHPUT_PCT},
         "verdicts": {"added_p50": verdict(at1["added_p50_ms"], TARGET_ADDED_P50_MS, higher_is_better=False),
                      "throughput_at_100": verdict(at100["gateway_pct_of_direct_rps"], TARGET_THROUGHPUT_PCT)},
+        "runner_header_body_gap": gap,
         "profile": profile,
     })
 

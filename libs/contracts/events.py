@@ -71,6 +71,17 @@ class DeploymentDeleted(Event, frozen=True, kw_only=True):
     deployment_id: str
 
 
+class DeploymentCheckpointClaimed(Event, frozen=True, kw_only=True):
+    """A worker takes the right to dump this deployment version, appended with optimistic
+    concurrency on the deployment's subject: at most one dump per deployment version at a time."""
+    AGGREGATE = "deployment"
+    ID_FIELD = "deployment_id"
+    deployment_id: str
+    checkpoint_id: str
+    worker_id: str
+    container_id: str
+
+
 # ---- containers --------------------------------------------------------------------------------
 
 class ContainerRequested(Event, frozen=True, kw_only=True):
@@ -91,6 +102,8 @@ class ContainerRequested(Event, frozen=True, kw_only=True):
     deployment_version: int = 0
     attempt: int = 1  # > 1 when re-requested after its worker was lost
     excluded_workers: list[str] = []
+    accelerator: str = ""  # the checkpoint's accelerator: a restore needs the same GPU type
+    note: str = ""  # why it starts cold, when it does (shown by `levers9 containers list`)
 
 
 class ContainerScheduled(Event, frozen=True, kw_only=True):
@@ -99,6 +112,8 @@ class ContainerScheduled(Event, frozen=True, kw_only=True):
     container_id: str
     worker_id: str
     attempt: int = 1
+    checkpoint_id: str = ""  # restore this one; empty: start cold
+    note: str = ""
 
 
 class PlacementDeferred(Event, frozen=True, kw_only=True):
@@ -114,6 +129,7 @@ class ContainerStarted(Event, frozen=True, kw_only=True):
     container_id: str
     worker_id: str
     restored_from: str = ""  # checkpoint id, when restored
+    note: str = ""  # "restored from …" or why it started cold
 
 
 class ContainerReady(Event, frozen=True, kw_only=True):
@@ -270,6 +286,21 @@ class CheckpointFailed(Event, frozen=True, kw_only=True):
     checkpoint_id: str
     stage: str  # dump | upload | restore
     reason: str
+    deployment_id: str = ""
+    worker_id: str = ""
+
+
+class CheckpointDeleted(Event, frozen=True, kw_only=True):
+    AGGREGATE = "checkpoint"
+    ID_FIELD = "checkpoint_id"
+    checkpoint_id: str
+
+
+class ContainerCheckpointRequested(Event, frozen=True, kw_only=True):
+    """A manual dump (`levers9 containers checkpoint ID`)."""
+    AGGREGATE = "container"
+    ID_FIELD = "container_id"
+    container_id: str
 
 
 # ---- images ------------------------------------------------------------------------------------
@@ -339,12 +370,12 @@ class SecretDeleted(Event, frozen=True, kw_only=True):
 
 
 AnyEvent = Union[
-    DeploymentCreated, DeploymentStopped, DeploymentDeleted,
+    DeploymentCreated, DeploymentStopped, DeploymentDeleted, DeploymentCheckpointClaimed,
     ContainerRequested, ContainerScheduled, PlacementDeferred, ContainerStarted, ContainerReady,
-    ContainerStopRequested, ContainerStopped, ContainerFailed,
+    ContainerStopRequested, ContainerStopped, ContainerFailed, ContainerCheckpointRequested,
     WorkerProvisioned, WorkerRegistered, WorkerReady, WorkerLost, WorkerDrained, WorkerCordoned,
     WorkerUncordoned, WorkerSlotReserved, WorkerSlotReleased,
-    CheckpointDumped, CheckpointStored, CheckpointFailed,
+    CheckpointDumped, CheckpointStored, CheckpointFailed, CheckpointDeleted,
     ImageBuildRequested, ImageBuildStarted, ImageBuilt, ImageBuildFailed,
     TokenCreated, TokenRevoked, SecretSet, SecretDeleted,
 ]

@@ -38,7 +38,10 @@ class Settings:
     worker_pool: str = "default"
     worker_cpu_millicores: int = 0  # capacity a worker offers; 0: the whole machine
     worker_memory_mib: int = 0
-    worker_token: str = ""  # the token the pool controller gave this worker alone
+    worker_token: str = ""
+    worker_criu: str = "auto"  # auto | on | off: checkpoint/restore on this worker (the pool's `criu`)
+    cache_port: int = 2050  # the node content cache
+    cache_max_bytes: int = 20 * 1024 ** 3  # the token the pool controller gave this worker alone
     runtime: str = "auto"  # auto | runc | process
     bridge_name: str = "levers9br0"
     bridge_subnet: str = "10.209.0.0/24"  # containers' addresses; keep it clear of real networks

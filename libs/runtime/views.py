@@ -43,13 +43,17 @@ class ContainersView(Projection):
             correlation_id text NOT NULL, version int NOT NULL DEFAULT 0, last_seq bigint NOT NULL DEFAULT 0,
             attempt int NOT NULL DEFAULT 1, excluded_workers text[] NOT NULL DEFAULT '{{}}',
             deployment_version int NOT NULL DEFAULT 0, ready_at timestamptz,
+            note text NOT NULL DEFAULT '', restored_from text NOT NULL DEFAULT '',
+            accelerator text NOT NULL DEFAULT '', checkpoint_to_restore text NOT NULL DEFAULT '',
             PRIMARY KEY (workspace, container_id))""",
                 f"CREATE INDEX IF NOT EXISTS containers_status ON {schema}.containers (status)"]
 
     async def apply(self, conn: asyncpg.Connection, schema: str, msg: Message, seq: int) -> None:
         ev, env, at = msg.event, msg.envelope, occurred(msg)
         status = CONTAINER_STATUS.get(env.type)
-        if status is None:
+        if status is None:  # an event that changes no status still moves the aggregate's position
+            await conn.execute(f"""UPDATE {schema}.containers SET last_seq = $3, version = version + 1
+                                   WHERE workspace = $1 AND container_id = $2""", env.workspace, ev.container_id, seq)
             return
         if isinstance(ev, E.ContainerRequested):
             await conn.execute(
@@ -66,9 +70,11 @@ class ContainersView(Projection):
                 env.workspace, ev.container_id, ev.deployment_id, ev.cpu_millicores, ev.memory_mib, list(ev.gpu),
                 ev.gpu_count, ev.pool, ev.checkpoint_id, at, env.correlation_id)
             await conn.execute(
-                f"""UPDATE {schema}.containers SET last_seq=$3, attempt=$4, excluded_workers=$5, deployment_version=$6
+                f"""UPDATE {schema}.containers SET last_seq=$3, attempt=$4, excluded_workers=$5, deployment_version=$6,
+                    note=$7, accelerator=$8, restored_from='', checkpoint_to_restore=''
                     WHERE workspace=$1 AND container_id=$2""",
-                env.workspace, ev.container_id, seq, ev.attempt, list(ev.excluded_workers), ev.deployment_version)
+                env.workspace, ev.container_id, seq, ev.attempt, list(ev.excluded_workers), ev.deployment_version,
+                ev.note, ev.accelerator)
             return
         await conn.execute(
             f"""INSERT INTO {schema}.containers (workspace, container_id, status, updated_at, correlation_id, version)
@@ -87,6 +93,15 @@ class ContainersView(Projection):
                 last_seq = $7, ready_at = CASE WHEN $3 <> '' AND $4 <> '' THEN $8 ELSE ready_at END
                 WHERE workspace = $1 AND container_id = $2""",
             env.workspace, ev.container_id, worker, address, reason, exit_code, seq, at)
+        note = getattr(ev, "note", "")
+        if note or isinstance(ev, (E.ContainerScheduled, E.ContainerStarted)):
+            await conn.execute(
+                f"""UPDATE {schema}.containers SET note = CASE WHEN $3 <> '' THEN $3 ELSE note END,
+                    restored_from = CASE WHEN $4 <> '' THEN $4 ELSE restored_from END,
+                    checkpoint_to_restore = CASE WHEN $6 THEN $5 ELSE checkpoint_to_restore END
+                    WHERE workspace = $1 AND container_id = $2""",
+                env.workspace, ev.container_id, note, getattr(ev, "restored_from", ""),
+                getattr(ev, "checkpoint_id", ""), isinstance(ev, E.ContainerScheduled))
 
 
 WORKER_STATUS = {"WorkerProvisioned": "provisioning", "WorkerRegistered": "registered", "WorkerReady": "ready",
@@ -204,12 +219,23 @@ class DeploymentsView(Projection):
         return [f"""CREATE TABLE IF NOT EXISTS {schema}.deployments (
             workspace text NOT NULL, deployment_id text NOT NULL, name text NOT NULL, version int NOT NULL,
             spec jsonb NOT NULL, status text NOT NULL, created_at timestamptz NOT NULL,
-            PRIMARY KEY (workspace, deployment_id))""",
+            last_seq bigint NOT NULL DEFAULT 0, checkpoint_claim text NOT NULL DEFAULT '',
+            claimed_at timestamptz, PRIMARY KEY (workspace, deployment_id))""",
                 f"CREATE INDEX IF NOT EXISTS deployments_name ON {schema}.deployments (workspace, name, version)"]
 
     async def apply(self, conn: asyncpg.Connection, schema: str, msg: Message, seq: int) -> None:
         ev = msg.event
-        if isinstance(ev, E.DeploymentCreated):
+        await self._apply(conn, schema, msg)
+        await conn.execute(f"UPDATE {schema}.deployments SET last_seq=$3 WHERE workspace=$1 AND deployment_id=$2",
+                           msg.envelope.workspace, ev.deployment_id, seq)
+
+    async def _apply(self, conn: asyncpg.Connection, schema: str, msg: Message) -> None:
+        ev = msg.event
+        if isinstance(ev, E.DeploymentCheckpointClaimed):
+            await conn.execute(f"""UPDATE {schema}.deployments SET checkpoint_claim=$3, claimed_at=$4
+                                   WHERE workspace=$1 AND deployment_id=$2""", msg.envelope.workspace,
+                               ev.deployment_id, ev.checkpoint_id, occurred(msg))
+        elif isinstance(ev, E.DeploymentCreated):
             await conn.execute(
                 f"""INSERT INTO {schema}.deployments (workspace, deployment_id, name, version, spec, status,
                     created_at) VALUES ($1,$2,$3,$4,$5,'active',$6) ON CONFLICT DO NOTHING""",
@@ -245,41 +271,61 @@ class SecretsView(Projection):
 
 
 CHECKPOINT_STATUS = {"CheckpointDumped": "dumped", "CheckpointStored": "available",
-                     "CheckpointFailed": "checkpoint_failed"}
+                     "CheckpointFailed": "checkpoint_failed", "CheckpointDeleted": "deleted"}
 
 
 class CheckpointsView(Projection):
+    """Checkpoints and their status: dumped (on a node) -> available (in S3) | checkpoint_failed;
+    restore_failed once a restore of it failed; deleted. Restores update last_restored_at."""
     name = "checkpoints"
-    filter_subjects = ("levers9.*.checkpoint.>",)
+    filter_subjects = ("levers9.*.checkpoint.>", "levers9.*.container.*.ContainerStarted")
     tables = ("checkpoints",)
 
     def ddl(self, schema: str) -> list[str]:
         return [f"""CREATE TABLE IF NOT EXISTS {schema}.checkpoints (
             workspace text NOT NULL, checkpoint_id text NOT NULL, deployment_id text NOT NULL DEFAULT '',
+            deployment_version int NOT NULL DEFAULT 0, container_id text NOT NULL DEFAULT '',
+            worker_id text NOT NULL DEFAULT '', accelerator text NOT NULL DEFAULT '', runtime text NOT NULL DEFAULT '',
             status text NOT NULL, size_bytes bigint NOT NULL DEFAULT 0, sha256 text NOT NULL DEFAULT '',
-            location text NOT NULL DEFAULT '', reason text NOT NULL DEFAULT '', updated_at timestamptz NOT NULL,
-            version int NOT NULL DEFAULT 0, PRIMARY KEY (workspace, checkpoint_id))"""]
+            location text NOT NULL DEFAULT '', bucket text NOT NULL DEFAULT '', key text NOT NULL DEFAULT '',
+            reason text NOT NULL DEFAULT '', created_at timestamptz, updated_at timestamptz NOT NULL,
+            last_restored_at timestamptz, restores int NOT NULL DEFAULT 0, version int NOT NULL DEFAULT 0,
+            PRIMARY KEY (workspace, checkpoint_id))""",
+                f"CREATE INDEX IF NOT EXISTS checkpoints_dep ON {schema}.checkpoints (workspace, deployment_id, status)"]
 
     async def apply(self, conn: asyncpg.Connection, schema: str, msg: Message, seq: int) -> None:
-        ev, env = msg.event, msg.envelope
+        ev, env, at = msg.event, msg.envelope, occurred(msg)
+        if isinstance(ev, E.ContainerStarted):
+            if ev.restored_from:
+                await conn.execute(f"""UPDATE {schema}.checkpoints SET last_restored_at=$3, restores=restores+1
+                                       WHERE workspace=$1 AND checkpoint_id=$2""", env.workspace, ev.restored_from, at)
+            return
         status = CHECKPOINT_STATUS.get(env.type)
         if status is None:
             return
         if isinstance(ev, E.CheckpointFailed) and ev.stage == "restore":
             status = "restore_failed"
-        location = getattr(ev, "location", "") or (f"s3://{ev.bucket}/{ev.key}" if isinstance(ev, E.CheckpointStored)
-                                                    else "")
         await conn.execute(
-            f"""INSERT INTO {schema}.checkpoints (workspace, checkpoint_id, deployment_id, status, size_bytes,
-                sha256, location, reason, updated_at, version) VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,1)
-                ON CONFLICT (workspace, checkpoint_id) DO UPDATE SET status=$4,
-                size_bytes=GREATEST({schema}.checkpoints.size_bytes, $5),
-                sha256=CASE WHEN $6 <> '' THEN $6 ELSE {schema}.checkpoints.sha256 END,
-                location=CASE WHEN $7 <> '' THEN $7 ELSE {schema}.checkpoints.location END, reason=$8,
-                updated_at=$9, version={schema}.checkpoints.version + 1""",
-            env.workspace, ev.checkpoint_id, getattr(ev, "deployment_id", ""), status,
-            getattr(ev, "size_bytes", 0), getattr(ev, "sha256", ""), location, getattr(ev, "reason", ""),
-            occurred(msg))
+            f"""INSERT INTO {schema}.checkpoints (workspace, checkpoint_id, status, updated_at, created_at, version)
+                VALUES ($1,$2,$3,$4,$4,1) ON CONFLICT (workspace, checkpoint_id) DO UPDATE SET status=$3,
+                updated_at=$4, version={schema}.checkpoints.version + 1""", env.workspace, ev.checkpoint_id, status, at)
+        if isinstance(ev, E.CheckpointDumped):
+            await conn.execute(
+                f"""UPDATE {schema}.checkpoints SET deployment_id=$3, deployment_version=$4, container_id=$5,
+                    worker_id=$6, accelerator=$7, runtime=$8, size_bytes=$9, sha256=$10, location=$11
+                    WHERE workspace=$1 AND checkpoint_id=$2""", env.workspace, ev.checkpoint_id, ev.deployment_id,
+                ev.deployment_version, ev.container_id, ev.worker_id, ev.accelerator, ev.runtime, ev.size_bytes,
+                ev.sha256, ev.location)
+        elif isinstance(ev, E.CheckpointStored):
+            await conn.execute(f"""UPDATE {schema}.checkpoints SET bucket=$3, key=$4, size_bytes=$5, sha256=$6
+                                   WHERE workspace=$1 AND checkpoint_id=$2""", env.workspace, ev.checkpoint_id,
+                               ev.bucket, ev.key, ev.size_bytes, ev.sha256)
+        elif isinstance(ev, E.CheckpointFailed):
+            await conn.execute(f"""UPDATE {schema}.checkpoints SET reason=$3,
+                                   deployment_id=CASE WHEN $4 <> '' THEN $4 ELSE deployment_id END,
+                                   worker_id=CASE WHEN $5 <> '' THEN $5 ELSE worker_id END
+                                   WHERE workspace=$1 AND checkpoint_id=$2""", env.workspace, ev.checkpoint_id,
+                               ev.reason, ev.deployment_id, ev.worker_id)
 
 
 BUILD_STATUS = {"ImageBuildRequested": "requested", "ImageBuildStarted": "building", "ImageBuilt": "built",

@@ -226,6 +226,7 @@ containers_app = typer.Typer(help="Containers: list, stop, read logs.", no_args_
 workers_app = typer.Typer(help="Workers: list, cordon, drain.", no_args_is_help=True)
 token_app = typer.Typer(help="API tokens: create, list, revoke.", no_args_is_help=True)
 secret_app = typer.Typer(help="Secrets given to containers as environment variables.", no_args_is_help=True)
+checkpoints_app = typer.Typer(help="Checkpoints: list, delete.", no_args_is_help=True)
 
 
 @deployments_app.command("list")
@@ -258,8 +259,34 @@ def containers_list(json_out: bool = JSON_OPTION,
     """List containers (live ones; --all for stopped and failed too, with why)."""
     with errors():
         rows = client().list_containers(all=all_)
-    show_rows(rows, ["container_id", "deployment_id", "status", "worker_id", "address", "reason", "updated_at"],
-              json_out)
+    show_rows(rows, ["container_id", "deployment_id", "status", "worker_id", "address", "note", "reason",
+                     "updated_at"], json_out)
+
+
+@containers_app.command("checkpoint")
+def containers_checkpoint(container_id: str = typer.Argument(..., metavar="ID")) -> None:
+    """Dump a ready container now (leave-running); the checkpoint appears in `levers9 checkpoints list`."""
+    with errors():
+        client().checkpoint_container(container_id)
+    console.print(f"checkpoint requested for container {escape(container_id)}")
+
+
+@checkpoints_app.command("list")
+def checkpoints_list(json_out: bool = JSON_OPTION,
+                     all_: bool = typer.Option(False, "--all", "-a", help="include deleted ones")) -> None:
+    """List checkpoints with their status (dumped, available, checkpoint_failed, restore_failed)."""
+    with errors():
+        rows = client().list_checkpoints(all=all_)
+    show_rows(rows, ["checkpoint_id", "deployment_id", "status", "size_bytes", "worker_id", "restores",
+                     "last_restored_at", "reason"], json_out)
+
+
+@checkpoints_app.command("delete")
+def checkpoints_delete(checkpoint_id: str = typer.Argument(..., metavar="ID")) -> None:
+    """Delete a checkpoint (its S3 object too); the next cold start takes a new one."""
+    with errors():
+        client().delete_checkpoint(checkpoint_id)
+    console.print(f"deleted checkpoint {escape(checkpoint_id)}")
 
 
 @containers_app.command("stop")
@@ -372,3 +399,4 @@ def register(app: typer.Typer) -> None:
     app.add_typer(workers_app, name="workers")
     app.add_typer(token_app, name="token")
     app.add_typer(secret_app, name="secret")
+    app.add_typer(checkpoints_app, name="checkpoints")

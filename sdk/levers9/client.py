@@ -145,6 +145,18 @@ class Client:
         return self._call("GET", "/api/v1/containers", "listing containers",
                           params={"all": "true" if all else "false"})
 
+    def list_checkpoints(self, all: bool = False) -> list[dict[str, Any]]:
+        return self._call("GET", "/api/v1/checkpoints", "listing checkpoints",
+                          params={"all": "true" if all else "false"})
+
+    def delete_checkpoint(self, checkpoint_id: str) -> Any:
+        return self._call("DELETE", f"/api/v1/checkpoints/{checkpoint_id}", f"deleting checkpoint {checkpoint_id}",
+                          see="levers9 checkpoints list")
+
+    def checkpoint_container(self, container_id: str) -> Any:
+        return self._call("POST", f"/api/v1/containers/{container_id}/checkpoint",
+                          f"checkpointing container {container_id}", see="levers9 containers list")
+
     def stop_container(self, container_id: str) -> Any:
         return self._call("POST", f"/api/v1/containers/{container_id}/stop", f"stopping container {container_id}",
                           see="levers9 containers list")

@@ -1,24 +1,138 @@
-"""The checkpoint-store process. Keeps the checkpoint rows and checks it can reach S3."""
+"""The checkpoint-store process: checkpoint blobs in S3, their rows, their status.
+
+On CheckpointDumped it streams the tar from the dumping node's cache into the workspace's bucket
+(multipart, 8 MiB parts, each part retried), checks size and sha256, and appends CheckpointStored;
+when S3 stays down it gives up cleanly with CheckpointFailed (stage upload). A checkpoint of a
+deployment that was deleted meanwhile is refused. CheckpointDeleted removes the object.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import logging
 
+import httpx
 from aiobotocore.session import get_session
+from tenacity import AsyncRetrying, stop_after_attempt, wait_exponential
 
+from levers9.contracts import caused_by
+from levers9.contracts import events as E
+from levers9.runtime.consumer import Delivery, WorkConsumer
 from levers9.runtime.service import Service
-from levers9.runtime.views import CheckpointsView
+from levers9.runtime.views import CheckpointsView, DeploymentsView
+
+log = logging.getLogger("levers9.checkpoint_store")
+
+PART_BYTES = 8 * 1024 * 1024
+UPLOAD_ATTEMPTS = 4
+
+
+class UploadFailed(Exception):
+    pass
 
 
 class CheckpointStoreService(Service):
     name = "checkpoint-store"
-    projections = (CheckpointsView(),)
+    projections = (CheckpointsView(), DeploymentsView())
 
     def s3(self):
         s = self.settings
         return get_session().create_client(
             "s3", endpoint_url=s.s3_endpoint, aws_access_key_id=s.s3_access_key,
             aws_secret_access_key=s.s3_secret_key, region_name=s.s3_region)
+
+    def reactions(self):
+        return [WorkConsumer(self.bus, "checkpoint-store-uploads",
+                             ["levers9.*.checkpoint.*.CheckpointDumped", "levers9.*.checkpoint.*.CheckpointDeleted"],
+                             handle=self.on_event, max_deliver=3, ack_wait=300, batch=1)]
+
+    async def on_event(self, d: Delivery) -> None:
+        env, ev = d.message.envelope, d.message.event
+        if isinstance(ev, E.CheckpointDeleted):
+            await self.delete_object(env.workspace, ev.checkpoint_id)
+            return
+        status = await self.pool.fetchval("SELECT status FROM checkpoint_store.checkpoints WHERE workspace=$1 AND "
+                                          "checkpoint_id=$2", env.workspace, ev.checkpoint_id)
+        if status in ("available", "checkpoint_failed", "deleted"):
+            return  # already decided: a redelivery
+        dep_status = await self.pool.fetchval("SELECT status FROM checkpoint_store.deployments WHERE workspace=$1 "
+                                              "AND deployment_id=$2", env.workspace, ev.deployment_id)
+        if dep_status == "deleted":
+            await self.bus.publish(caused_by(env, E.CheckpointFailed(
+                checkpoint_id=ev.checkpoint_id, stage="upload", reason="its deployment was deleted",
+                deployment_id=ev.deployment_id, worker_id=ev.worker_id)))
+            return
+        bucket, key = f"levers9-{env.workspace}", f"checkpoints/{ev.deployment_id}/{ev.checkpoint_id}.tar"
+        try:
+            size, sha = await self.upload(ev.location, bucket, key)
+            if sha != ev.sha256 or size != ev.size_bytes:
+                raise UploadFailed(f"the node served {size} bytes hashing to {sha}; the dump recorded "
+                                   f"{ev.size_bytes} bytes hashing to {ev.sha256}")
+        except Exception as exc:  # noqa: BLE001 - every failure ends the checkpoint with its reason
+            log.warning("checkpoint %s not stored: %s", ev.checkpoint_id, exc)
+            await self.bus.publish(caused_by(env, E.CheckpointFailed(
+                checkpoint_id=ev.checkpoint_id, stage="upload", reason=f"{type(exc).__name__}: {exc}",
+                deployment_id=ev.deployment_id, worker_id=ev.worker_id)))
+            return
+        await self.bus.publish(caused_by(env, E.CheckpointStored(checkpoint_id=ev.checkpoint_id, bucket=bucket,
+                                                                 key=key, size_bytes=size, sha256=sha)))
+        log.info("checkpoint %s stored: %d bytes in s3://%s/%s", ev.checkpoint_id, size, bucket, key)
+
+    async def upload(self, location: str, bucket: str, key: str) -> tuple[int, str]:
+        """Stream the node's blob into a multipart upload; each part retried with backoff."""
+        digest, size, parts = hashlib.sha256(), 0, []
+        async with self.s3() as s3, httpx.AsyncClient(timeout=120) as http:
+            await self._retry(lambda: self.ensure_bucket(s3, bucket))
+            upload = await self._retry(lambda: s3.create_multipart_upload(Bucket=bucket, Key=key))
+            upload_id = upload["UploadId"]
+            try:
+                async with http.stream("GET", location) as r:
+                    if r.status_code != 200:
+                        raise UploadFailed(f"the node cache answered {r.status_code} for {location}")
+                    buffer = bytearray()
+                    async for chunk in r.aiter_bytes(1 << 20):
+                        digest.update(chunk)
+                        size += len(chunk)
+                        buffer += chunk
+                        if len(buffer) >= PART_BYTES:
+                            parts.append(await self.part(s3, bucket, key, upload_id, len(parts) + 1, bytes(buffer)))
+                            buffer.clear()
+                    if buffer or not parts:
+                        parts.append(await self.part(s3, bucket, key, upload_id, len(parts) + 1, bytes(buffer)))
+                await self._retry(lambda: s3.complete_multipart_upload(
+                    Bucket=bucket, Key=key, UploadId=upload_id, MultipartUpload={"Parts": parts}))
+            except BaseException:
+                try:
+                    await s3.abort_multipart_upload(Bucket=bucket, Key=key, UploadId=upload_id)
+                except Exception:  # noqa: BLE001 - S3 may be the thing that is down
+                    pass
+                raise
+        return size, digest.hexdigest()
+
+    async def part(self, s3, bucket: str, key: str, upload_id: str, number: int, data: bytes) -> dict:
+        r = await self._retry(lambda: s3.upload_part(Bucket=bucket, Key=key, UploadId=upload_id,
+                                                     PartNumber=number, Body=data))
+        return {"PartNumber": number, "ETag": r["ETag"]}
+
+    async def ensure_bucket(self, s3, bucket: str) -> None:
+        try:
+            await s3.head_bucket(Bucket=bucket)
+        except Exception:  # noqa: BLE001 - missing
+            await s3.create_bucket(Bucket=bucket)
+
+    async def _retry(self, call):
+        async for attempt in AsyncRetrying(stop=stop_after_attempt(UPLOAD_ATTEMPTS), reraise=True,
+                                           wait=wait_exponential(0.5, max=4)):
+            with attempt:
+                return await call()
+
+    async def delete_object(self, workspace: str, checkpoint_id: str) -> None:
+        row = await self.pool.fetchrow("SELECT bucket, key FROM checkpoint_store.checkpoints WHERE workspace=$1 AND "
+                                       "checkpoint_id=$2", workspace, checkpoint_id)
+        if row and row["bucket"]:
+            async with self.s3() as s3:
+                await s3.delete_object(Bucket=row["bucket"], Key=row["key"])
 
     async def checks(self) -> dict[str, str]:
         out = await super().checks()

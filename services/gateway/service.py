@@ -32,7 +32,8 @@ from levers9.runtime.consumer import Delivery
 from levers9.runtime.projection import Projection
 from levers9.runtime.secrets import SecretKeyMissing, encrypt
 from levers9.runtime.service import Service
-from levers9.runtime.views import ContainersView, DeploymentsView, SecretsView, TokensView, WorkersView
+from levers9.runtime.views import (CheckpointsView, ContainersView, DeploymentsView, SecretsView, TokensView,
+                                   WorkersView)
 
 from .router import DeploymentRouter, NoCapacity, StartFailed
 
@@ -104,7 +105,7 @@ def _row(record: Any) -> dict[str, Any]:
 
 class GatewayService(Service):
     name = "gateway"
-    projections = (TokensView(), DeploymentsView(), ContainersView(), WorkersView(), SecretsView())
+    projections = (TokensView(), DeploymentsView(), ContainersView(), WorkersView(), SecretsView(), CheckpointsView())
 
     def __init__(self, settings) -> None:
         super().__init__(settings)
@@ -144,7 +145,9 @@ class GatewayService(Service):
             return
         status = {"ContainerRequested": "requested", "PlacementDeferred": "pending", "ContainerScheduled": "scheduled",
                   "ContainerStarted": "starting", "ContainerReady": "ready", "ContainerStopRequested": "stopping",
-                  "ContainerStopped": "stopped", "ContainerFailed": "failed"}[type(ev).__name__]
+                  "ContainerStopped": "stopped", "ContainerFailed": "failed"}.get(type(ev).__name__)
+        if status is None:
+            return
         await router.update(ev.container_id, status, getattr(ev, "address", ""), getattr(ev, "reason", ""))
 
     async def router_for(self, dep: dict) -> DeploymentRouter:
@@ -335,6 +338,33 @@ class GatewayService(Service):
             await self.publish(events[action], "_sys")
             return {"worker_id": worker_id, "action": action}
 
+        # checkpoints
+        @app.get("/api/v1/checkpoints")
+        async def list_checkpoints(caller: Caller = user, all: bool = False) -> list[dict[str, Any]]:
+            rows = await self.pool.fetch(
+                "SELECT * FROM gateway.checkpoints WHERE workspace=$1 AND ($2 OR status <> 'deleted') "
+                "ORDER BY created_at DESC", caller.workspace, all)
+            return [_row(r) for r in rows]
+
+        @app.delete("/api/v1/checkpoints/{checkpoint_id}")
+        async def delete_checkpoint(checkpoint_id: str, caller: Caller = user) -> dict[str, Any]:
+            status = await self.pool.fetchval("SELECT status FROM gateway.checkpoints WHERE workspace=$1 AND "
+                                              "checkpoint_id=$2", caller.workspace, checkpoint_id)
+            if status is None or status == "deleted":
+                raise HTTPException(404, f"no checkpoint {checkpoint_id!r} in workspace {caller.workspace!r}")
+            await self.publish(E.CheckpointDeleted(checkpoint_id=checkpoint_id), caller.workspace)
+            return {"checkpoint_id": checkpoint_id, "deleted": True}
+
+        @app.post("/api/v1/containers/{container_id}/checkpoint", status_code=202)
+        async def checkpoint_container(container_id: str, caller: Caller = user) -> dict[str, Any]:
+            row = await self.container_row(caller.workspace, container_id)
+            if row["status"] != "ready":
+                raise HTTPException(409, f"container {container_id} is {row['status']}: only a ready container "
+                                         "can be checkpointed")
+            env, _ = await self.publish(E.ContainerCheckpointRequested(container_id=container_id), caller.workspace,
+                                        row["correlation_id"])
+            return {"container_id": container_id, "correlation_id": env.correlation_id}
+
         # tokens
         @app.post("/api/v1/tokens", status_code=201)
         async def create_token(body: TokenRequest, caller: Caller = user) -> dict[str, Any]:
@@ -500,10 +530,12 @@ class GatewayService(Service):
         timeout = float(spec.get("timeout_seconds", 180))
 
         async def request_container() -> str:
+            checkpoint, accelerator, note = await self.checkpoint_for(dep, spec)
             event = E.ContainerRequested(
                 container_id=uuid7(), deployment_id=dep["deployment_id"], cpu_millicores=spec["cpu_millicores"],
                 memory_mib=spec["memory_mib"], gpu=spec.get("gpu", []), gpu_count=spec.get("gpu_count", 0),
-                pool=spec.get("pool", "default"), reason="call waiting", deployment_version=dep["version"])
+                pool=spec.get("pool", "default"), reason="call waiting", deployment_version=dep["version"],
+                checkpoint_id=checkpoint, accelerator=accelerator, note=note)
             self.container_deployment[event.container_id] = dep["deployment_id"]
             await self.publish(event, caller.workspace, correlation)
             return event.container_id
@@ -521,6 +553,21 @@ class GatewayService(Service):
         except BaseException:
             await router.release(slot)
             raise
+
+    async def checkpoint_for(self, dep: dict, spec: dict) -> tuple[str, str, str]:
+        """The checkpoint a new container of this deployment should restore, and its accelerator;
+        or why it starts cold. Preconditions are checked here, not assumed."""
+        if not spec.get("checkpoint_enabled"):
+            return "", "", "cold: checkpoint_enabled is off"
+        if int(spec.get("gpu_count", 0)) > 1:
+            return "", "", f"cold: {spec['gpu_count']} GPUs (a checkpoint holds at most one)"
+        row = await self.pool.fetchrow(
+            "SELECT checkpoint_id, accelerator FROM gateway.checkpoints WHERE workspace=$1 AND deployment_id=$2 "
+            "AND status='available' ORDER BY created_at DESC, checkpoint_id DESC LIMIT 1",
+            dep["workspace"], dep["deployment_id"])
+        if row is None:
+            return "", "", "cold: no checkpoint of this version yet (this start takes one)"
+        return row["checkpoint_id"], row["accelerator"], ""
 
     async def proxy(self, request: Request, address: str, subpath: str, timeout: float, router, slot):
         headers = [(k, v) for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP]

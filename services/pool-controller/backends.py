@@ -52,7 +52,8 @@ class LocalBackend(Backend):
                "LEVERS9_WORKER_POOL": pool.name, "LEVERS9_WORKER_TOKEN": token,
                "LEVERS9_HTTP_PORT": str(_free_port()), "LEVERS9_HOME": str(self.home),
                "LEVERS9_WORKER_CPU_MILLICORES": str(pool.worker_cpu_millicores),
-               "LEVERS9_WORKER_MEMORY_MIB": str(pool.worker_memory_mib)}
+               "LEVERS9_WORKER_MEMORY_MIB": str(pool.worker_memory_mib),
+               "LEVERS9_WORKER_CRIU": "auto" if pool.criu else "off"}
         logs = self.home / "logs"
         logs.mkdir(parents=True, exist_ok=True)
         with (logs / f"worker-{worker_id}.log").open("ab") as log:

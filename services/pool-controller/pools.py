@@ -26,6 +26,7 @@ class PoolConfig:
     min_warm: int = 1
     max_workers: int = 3
     idle_timeout_s: float = 60.0
+    criu: bool = True  # checkpoint/restore on this pool's workers (when their `criu check` passes)
 
 
 @dataclass(frozen=True)

@@ -56,6 +56,7 @@ class Request:
     gpu_count: int = 0
     features: frozenset[str] = frozenset()
     excluded: frozenset[str] = frozenset()
+    accelerator: str | None = None  # a restore must land on the accelerator it was dumped on ("" = none)
 
 
 @dataclass(frozen=True)
@@ -67,7 +68,7 @@ class Placement:
 
 def eligible(req: Request, w: WorkerState) -> bool:
     return (w.status == "ready" and not w.cordoned and w.pool == req.pool and w.worker_id not in req.excluded
-            and req.features <= w.features)
+            and req.features <= w.features and (req.accelerator is None or w.gpu_type == req.accelerator))
 
 
 def gpu_groups(req: Request, workers: list[WorkerState]) -> list[tuple[str, list[WorkerState]]]:
@@ -96,6 +97,8 @@ def place(req: Request, workers: list[WorkerState]) -> Placement:
         missing = sorted(req.features - frozenset().union(*(w.features for w in pool_workers)))
         if missing:
             return Placement(None, f"no worker in pool {req.pool!r} has {', '.join(missing)}")
+        if req.accelerator is not None and not any(w.gpu_type == req.accelerator for w in pool_workers):
+            return Placement(None, f"no worker in pool {req.pool!r} has accelerator {req.accelerator or 'none'!r}")
         return Placement(None, f"no ready, uncordoned worker in pool {req.pool!r}")
     groups = gpu_groups(req, usable)
     if not any(ws for _, ws in groups):

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
+from dataclasses import replace
 
 from levers9.contracts import envelope
 from levers9.contracts import events as E
@@ -102,7 +103,7 @@ class SchedulerService(Service):
                 continue
             self.decided.pop(row["container_id"], None)
             req = request_of(row)
-            decision = place(req, list(workers.values()))
+            decision, checkpoint, note = self.decide(row, req, list(workers.values()))
             if decision.worker_id is None:
                 if row["status"] == "requested" or row["reason"] != decision.reason:
                     await self.defer(row, decision.reason)
@@ -120,7 +121,8 @@ class SchedulerService(Service):
             workers[w.worker_id] = reserve(w, req, appended.seq)
             try:
                 scheduled = await self.bus.append(envelope(E.ContainerScheduled(
-                    container_id=req.container_id, worker_id=w.worker_id, attempt=row["attempt"]),
+                    container_id=req.container_id, worker_id=w.worker_id, attempt=row["attempt"],
+                    checkpoint_id=checkpoint, note=note),
                     workspace=row["workspace"], correlation_id=row["correlation_id"]), row["last_seq"])
                 self.decided[req.container_id] = scheduled.seq
                 self.placed += 1
@@ -130,6 +132,19 @@ class SchedulerService(Service):
                     worker_id=w.worker_id, container_id=req.container_id, reason="container moved on",
                     reserved_seq=appended.seq), workspace="_sys", correlation_id=row["correlation_id"]))
                 self.dirty.set()
+
+    @staticmethod
+    def decide(row, req: Request, workers: list[WorkerState]):
+        """A request that carries a checkpoint goes to a worker with CRIU and the checkpoint's
+        accelerator; when none can take it, it starts cold elsewhere rather than wait."""
+        if row["checkpoint_id"]:
+            restorable = replace(req, features=req.features | {"criu"}, accelerator=row["accelerator"])
+            decision = place(restorable, workers)
+            if decision.worker_id is not None:
+                return decision, row["checkpoint_id"], f"restore {row['checkpoint_id']}"
+            cold = place(req, workers)
+            return cold, "", f"cold: no worker can restore its checkpoint ({decision.reason})"
+        return place(req, workers), "", ""
 
     async def defer(self, row, reason: str) -> None:
         try:

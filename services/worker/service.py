@@ -30,13 +30,16 @@ from fastapi import FastAPI, HTTPException
 from fastapi.responses import PlainTextResponse, StreamingResponse
 
 import levers9
-from levers9.contracts import envelope
+from levers9.contracts import envelope, uuid7
 from levers9.contracts import events as E
 from levers9.runtime.consumer import Delivery, WorkConsumer
 from levers9.runtime.secrets import decrypt
 from levers9.runtime.service import Service
-from levers9.runtime.views import ContainersView, DeploymentsView, SecretsView, WorkersView
+from levers9.runtime.bus import ConcurrencyConflict
+from levers9.runtime.views import CheckpointsView, ContainersView, DeploymentsView, SecretsView, WorkersView
 
+from . import checkpointing
+from .node_cache import NodeCache, cache_app
 from .runtime import ContainerSpec, Exit, choose_runtime
 
 log = logging.getLogger("levers9.worker")
@@ -57,6 +60,10 @@ class Running:
     ready_at: float | None = None
     stopping: bool = False
     task: asyncio.Task | None = field(default=None, repr=False)
+    spec: dict = field(default_factory=dict, repr=False)
+    deployment_version: int = 0
+    restored_from: str = ""
+    memory_mib: int = 0
 
 
 class NotYet(Exception):
@@ -73,7 +80,7 @@ def log_tail(path: Path, lines: int = 12) -> str:
 
 class WorkerService(Service):
     name = "worker"
-    projections = (ContainersView(), DeploymentsView(), SecretsView(), WorkersView())
+    projections = (ContainersView(), DeploymentsView(), SecretsView(), WorkersView(), CheckpointsView())
 
     def __init__(self, settings) -> None:
         super().__init__(settings)
@@ -83,6 +90,10 @@ class WorkerService(Service):
         self.ready = asyncio.Event()
         self.containers: dict[str, Running] = {}
         self.prepare_error = ""
+        self.criu_note = "not checked"
+        self.cache = NodeCache(Path(self.settings.image_cache) / "blobs", self.settings, self.settings.cache_max_bytes)
+        self.cache_url = f"http://{self.settings.http_host}:{self.settings.cache_port}"
+        self.dumping: set[str] = set()
 
     @property
     def worker_id(self) -> str:
@@ -96,7 +107,23 @@ class WorkerService(Service):
         log.info("worker %s: %s", self.worker_id, self.runtime_note)
 
     def background(self):
-        return [self.prepare_and_register, self.heartbeat, self.monitor]
+        return [self.prepare_and_register, self.heartbeat, self.monitor, self.serve_cache]
+
+    async def serve_cache(self, stop: asyncio.Event) -> None:
+        """The node content cache; the first worker of a node serves it, the others share it."""
+        import uvicorn
+
+        from levers9.runtime.service import _Server
+        server = _Server(uvicorn.Config(cache_app(self.cache), host=self.settings.http_host,
+                                        port=self.settings.cache_port, log_config=None, access_log=False,
+                                        lifespan="off"))
+        task = asyncio.create_task(server.serve())
+        await asyncio.wait([task, asyncio.create_task(stop.wait())], return_when=asyncio.FIRST_COMPLETED)
+        if task.done():
+            log.info("node cache: %s is served by another worker of this node", self.cache_url)
+            return
+        server.should_exit = True
+        await task
 
     async def prepare_and_register(self, stop: asyncio.Event) -> None:
         """Preparing runc's base root fs can take minutes the first time on a machine: health stays
@@ -106,6 +133,8 @@ class WorkerService(Service):
             leftovers = await self.runtime.cleanup_all()
             if leftovers:
                 log.warning("removed %d containers left by a previous run: %s", len(leftovers), leftovers)
+            self.criu_note = await checkpointing.enable_criu(self.runtime, self.settings)
+            log.info("checkpoint/restore: %s", self.criu_note)
         except Exception as exc:  # noqa: BLE001 - reported on /healthz and in the log
             self.prepare_error = f"{type(exc).__name__}: {exc}"
             log.exception("runtime %s could not be prepared", self.runtime.name)
@@ -115,7 +144,7 @@ class WorkerService(Service):
             worker_id=self.worker_id, pool=s.worker_pool,
             cpu_millicores=s.worker_cpu_millicores or (os.cpu_count() or 1) * 1000,
             memory_mib=s.worker_memory_mib or psutil.virtual_memory().total // (1 << 20),
-            features=list(self.runtime.features),
+            features=list(self.runtime.features) + (["criu"] if checkpointing.ready(self.runtime) else []),
             address=f"http://{s.http_host}:{s.http_port}")
         env = envelope(registered, workspace="_sys")
         await self.bus.publish(env)
@@ -126,7 +155,8 @@ class WorkerService(Service):
 
     def reactions(self):
         return [WorkConsumer(self.bus, f"worker-{self.worker_id}",
-                             ["levers9.*.container.*.ContainerScheduled", "levers9.*.container.*.ContainerStopRequested"],
+                             ["levers9.*.container.*.ContainerScheduled", "levers9.*.container.*.ContainerStopRequested",
+                              "levers9.*.container.*.ContainerCheckpointRequested"],
                              handle=self.on_container_event, max_deliver=50, ack_wait=60)]
 
     async def on_stop(self) -> None:
@@ -157,6 +187,11 @@ class WorkerService(Service):
             if c is not None:
                 await self.stop_container(c, ev.reason or "stop requested")
             return
+        if isinstance(ev, E.ContainerCheckpointRequested):
+            c = self.containers.get(ev.container_id)
+            if c is not None and c.ready_at is not None:
+                asyncio.create_task(self.checkpoint(c, manual=True))
+            return
         if ev.worker_id != self.worker_id or ev.container_id in self.containers:
             return
         await self.ready.wait()
@@ -176,31 +211,119 @@ class WorkerService(Service):
         if dep is None:
             raise NotYet(f"deployment {row['deployment_id']} not projected yet")
         spec = json.loads(dep["spec"])
+        checkpoint = None
+        if ev.checkpoint_id:
+            checkpoint = await self.pool.fetchrow("SELECT * FROM worker.checkpoints WHERE workspace=$1 AND "
+                                                  "checkpoint_id=$2", row["workspace"], ev.checkpoint_id)
+            if checkpoint is None:
+                raise NotYet(f"checkpoint {ev.checkpoint_id} not projected yet")
         c = Running(ev.container_id, row["workspace"], row["deployment_id"], row["correlation_id"],
-                    int(spec.get("keep_warm_seconds", 60)), time.time())
+                    int(spec.get("keep_warm_seconds", 60)), time.time(), spec=spec,
+                    deployment_version=dep["version"], memory_mib=row["memory_mib"])
         self.containers[c.container_id] = c
-        c.task = asyncio.create_task(self.start_container(c, row, spec))
+        c.task = asyncio.create_task(self.start_container(c, row, spec, checkpoint))
 
-    async def start_container(self, c: Running, row, spec: dict) -> None:
+    async def start_container(self, c: Running, row, spec: dict, checkpoint=None) -> None:
+        note = ""
         try:
             code_dir = await self.fetch_code(c, spec)
-            env = {**spec.get("env", {}), **await self.secret_env(c.workspace, spec.get("secrets", [])),
-                   "LEVERS9_RUNNER_MODULE": spec.get("module", ""), "LEVERS9_RUNNER_HANDLER": spec.get("handler", ""),
-                   "LEVERS9_RUNNER_KIND": spec.get("kind", "endpoint"), "LEVERS9_RUNNER_ON_START": spec.get("on_start", ""),
-                   "LEVERS9_RUNNER_CONCURRENCY": str(spec.get("concurrency", 1)),
-                   "LEVERS9_RUNNER_TIMEOUT": str(spec.get("timeout_seconds", 180)),
-                   "LEVERS9_RUNNER_MAX_BODY": str(self.settings.max_body_bytes),
-                   "LEVERS9_CONTAINER_ID": c.container_id, "LEVERS9_DEPLOYMENT_ID": c.deployment_id}
             cspec = ContainerSpec(container_id=c.container_id, code_dir=code_dir,
-                                  sdk_dir=Path(levers9.__file__).resolve().parent.parent, env=env,
+                                  sdk_dir=Path(levers9.__file__).resolve().parent.parent,
+                                  env=await self.container_env(c, spec),
                                   cpu_millicores=row["cpu_millicores"], memory_mib=row["memory_mib"])
-            started = await self.runtime.start(cspec)
         except Exception as exc:  # noqa: BLE001 - every failure becomes ContainerFailed with its reason
             log.exception("container %s could not start", c.container_id)
             await self.finish(c, Exit(None, f"could not start: {type(exc).__name__}: {exc}"), failed=True)
             return
-        await self.emit(c, E.ContainerStarted(container_id=c.container_id, worker_id=self.worker_id))
+        if checkpoint is not None:
+            started, note = await self.restore(c, cspec, checkpoint)
+            if started is not None:
+                c.restored_from = checkpoint["checkpoint_id"]
+                await self.emit(c, E.ContainerStarted(container_id=c.container_id, worker_id=self.worker_id,
+                                                      restored_from=c.restored_from, note=note))
+                await self.wait_ready(c, started.address, float(spec.get("timeout_seconds", 180)))
+                return
+        try:
+            started = await self.runtime.start(cspec)
+        except Exception as exc:  # noqa: BLE001
+            log.exception("container %s could not start", c.container_id)
+            await self.finish(c, Exit(None, f"could not start: {type(exc).__name__}: {exc}"), failed=True)
+            return
+        await self.emit(c, E.ContainerStarted(container_id=c.container_id, worker_id=self.worker_id, note=note))
         await self.wait_ready(c, started.address, float(spec.get("timeout_seconds", 180)))
+
+    async def container_env(self, c: Running, spec: dict) -> dict[str, str]:
+        return {**spec.get("env", {}), **await self.secret_env(c.workspace, spec.get("secrets", [])),
+                "LEVERS9_RUNNER_MODULE": spec.get("module", ""), "LEVERS9_RUNNER_HANDLER": spec.get("handler", ""),
+                "LEVERS9_RUNNER_KIND": spec.get("kind", "endpoint"), "LEVERS9_RUNNER_ON_START": spec.get("on_start", ""),
+                "LEVERS9_RUNNER_CONCURRENCY": str(spec.get("concurrency", 1)),
+                "LEVERS9_RUNNER_TIMEOUT": str(spec.get("timeout_seconds", 180)),
+                "LEVERS9_RUNNER_MAX_BODY": str(self.settings.max_body_bytes),
+                "LEVERS9_CONTAINER_ID": c.container_id, "LEVERS9_DEPLOYMENT_ID": c.deployment_id}
+
+    async def restore(self, c: Running, cspec: ContainerSpec, checkpoint) -> tuple[object | None, str]:
+        """Restore from the node cache (filled from S3 on a miss, hash verified). On any failure the
+        checkpoint is marked restore_failed and the container starts cold (the caller does that)."""
+        ck = checkpoint["checkpoint_id"]
+        try:
+            started = await checkpointing.restore(self.runtime, cspec, checkpoint, self.cache_url, self.cache)
+            return started, f"restored from {ck}"
+        except Exception as exc:  # noqa: BLE001 - a failed restore is never fatal: cold start instead
+            reason = f"{type(exc).__name__}: {exc}"
+            log.warning("restore of %s from %s failed, starting cold: %s", c.container_id, ck, reason)
+            await self.emit(c, E.CheckpointFailed(checkpoint_id=ck, stage="restore", reason=reason,
+                                                  deployment_id=c.deployment_id, worker_id=self.worker_id))
+            return None, f"cold: restore of {ck} failed: {reason}"[:500]
+
+    async def checkpoint(self, c: Running, manual: bool = False) -> None:
+        """Dump a ready container leave-running, at most one dump per deployment version at a time."""
+        if c.deployment_id in self.dumping:
+            return
+        self.dumping.add(c.deployment_id)
+        try:
+            claim = await self.claim_checkpoint(c, manual)
+            if claim is None:
+                return
+            try:
+                dumped = await checkpointing.dump(self.runtime, c.container_id, self.cache, self.settings,
+                                                  c.memory_mib)
+            except Exception as exc:  # noqa: BLE001 - skipped and recorded with the reason
+                log.warning("checkpoint of %s skipped: %s", c.container_id, exc)
+                await self.emit(c, E.CheckpointFailed(checkpoint_id=claim, stage="dump", reason=str(exc)[:1000],
+                                                      deployment_id=c.deployment_id, worker_id=self.worker_id))
+                return
+            await self.emit(c, E.CheckpointDumped(
+                checkpoint_id=claim, deployment_id=c.deployment_id, deployment_version=c.deployment_version,
+                container_id=c.container_id, worker_id=self.worker_id, accelerator="", runtime=self.runtime.name,
+                size_bytes=dumped.size_bytes, sha256=dumped.sha256,
+                location=f"{self.cache_url}/blobs/{dumped.sha256}"))
+            log.info("checkpoint %s of %s: %d bytes in %.2f s", claim, c.container_id, dumped.size_bytes,
+                     dumped.seconds)
+        finally:
+            self.dumping.discard(c.deployment_id)
+
+    async def claim_checkpoint(self, c: Running, manual: bool) -> str | None:
+        dep = await self.pool.fetchrow("SELECT last_seq, checkpoint_claim FROM worker.deployments WHERE workspace=$1 "
+                                       "AND deployment_id=$2", c.workspace, c.deployment_id)
+        if dep is None:
+            return None
+        if not manual:
+            live = await self.pool.fetchval(
+                "SELECT count(*) FROM worker.checkpoints WHERE workspace=$1 AND deployment_id=$2 "
+                "AND status IN ('dumped', 'available')", c.workspace, c.deployment_id)
+            claimed = dep["checkpoint_claim"] and await self.pool.fetchval(
+                "SELECT status FROM worker.checkpoints WHERE workspace=$1 AND checkpoint_id=$2",
+                c.workspace, dep["checkpoint_claim"]) is None
+            if live or claimed:
+                return None  # there is one, or another worker is dumping it now
+        checkpoint_id = uuid7()
+        try:
+            await self.bus.append(envelope(E.DeploymentCheckpointClaimed(
+                deployment_id=c.deployment_id, checkpoint_id=checkpoint_id, worker_id=self.worker_id,
+                container_id=c.container_id), workspace=c.workspace, correlation_id=c.correlation_id), dep["last_seq"])
+        except ConcurrencyConflict:
+            return None  # another worker claimed it first
+        return checkpoint_id
 
     async def wait_ready(self, c: Running, address: str, timeout: float) -> None:
         deadline = time.monotonic() + max(timeout, 30.0)
@@ -216,6 +339,8 @@ class WorkerService(Service):
                         c.address, c.ready_at = address, time.time()
                         await self.emit(c, E.ContainerReady(container_id=c.container_id, worker_id=self.worker_id,
                                                             address=address))
+                        if c.spec.get("checkpoint_enabled") and not c.restored_from and self.can_checkpoint(c):
+                            asyncio.create_task(self.checkpoint(c))
                         return
                     if r.status_code == 500:
                         error = r.json().get("error", "the app failed to start")
@@ -226,6 +351,10 @@ class WorkerService(Service):
                 await asyncio.sleep(0.02)
         if not c.stopping:
             await self.stop_container(c, f"not ready within {timeout:.0f} s", failed=True)
+
+    def can_checkpoint(self, c: Running) -> bool:
+        """Preconditions, checked: CRIU works here, and the container holds at most one GPU."""
+        return checkpointing.ready(self.runtime) and int(c.spec.get("gpu_count", 0)) <= 1
 
     async def fetch_code(self, c: Running, spec: dict) -> Path:
         sha = spec.get("code_sha256", "")
@@ -349,7 +478,7 @@ class WorkerService(Service):
 
     async def health_detail(self) -> dict:
         return {"worker_id": self.worker_id, "runtime": self.runtime.name if self.runtime else "",
-                "runtime_note": self.runtime_note, "registered": self.ready.is_set(),
+                "runtime_note": self.runtime_note, "registered": self.ready.is_set(), "criu": self.criu_note,
                 "prepare_error": self.prepare_error, "containers": len(self.containers)}
 
 

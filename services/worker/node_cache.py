@@ -1,0 +1,202 @@
+"""The node content cache: blobs by sha256 for this node's workers and for peer workers.
+
+- GET /blobs/{sha256}: the blob. On a miss it is filled, in this order, from a peer cache given
+  as `?peer=URL`, then from S3 given as `?bucket=B&key=K`; a filled blob is stored only if its
+  sha256 matches (a tampered or truncated object is refused with 502 and the reason).
+- PUT /blobs/{sha256}: store a blob (its hash is checked).
+- GET /stats: size, count, hits, misses, evictions.
+Bounded by `LEVERS9_CACHE_MAX_BYTES`; least recently used blobs are evicted first (`evict`, pure).
+Blobs live in `<image_cache>/blobs`, shared by the workers of the node; the first worker of a node
+serves it on `LEVERS9_CACHE_PORT` (default 2050), the others use that one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import os
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import AsyncIterator
+
+import httpx
+from aiobotocore.session import get_session
+from fastapi import FastAPI, HTTPException, Request
+from fastapi.responses import FileResponse
+
+from levers9.runtime.config import Settings
+
+log = logging.getLogger("levers9.node_cache")
+SHA_RE = re.compile(r"^[0-9a-f]{64}$")
+
+
+@dataclass(frozen=True)
+class Entry:
+    sha256: str
+    size: int
+    last_used: float
+
+
+def evict(entries: list[Entry], max_bytes: int, incoming: int = 0) -> list[str]:
+    """Which blobs to drop so that what stays plus `incoming` fits in max_bytes: least recently used
+    first. Pure."""
+    total = sum(e.size for e in entries) + incoming
+    out = []
+    for e in sorted(entries, key=lambda e: (e.last_used, e.sha256)):
+        if total <= max_bytes:
+            break
+        out.append(e.sha256)
+        total -= e.size
+    return out
+
+
+class HashMismatch(Exception):
+    pass
+
+
+class NodeCache:
+    def __init__(self, root: Path, settings: Settings, max_bytes: int) -> None:
+        self.root = root
+        self.settings = settings
+        self.max_bytes = max_bytes
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.stats = {"hits": 0, "misses": 0, "evictions": 0, "fills_s3": 0, "fills_peer": 0, "refused": 0}
+        self.locks: dict[str, asyncio.Lock] = {}
+
+    def path(self, sha: str) -> Path:
+        if not SHA_RE.fullmatch(sha):
+            raise HTTPException(400, f"{sha!r} is not a sha256 (64 lowercase hex digits)")
+        return self.root / sha
+
+    def entries(self) -> list[Entry]:
+        out = []
+        for p in self.root.iterdir():
+            if SHA_RE.fullmatch(p.name):
+                st = p.stat()
+                out.append(Entry(p.name, st.st_size, st.st_atime if st.st_atime > st.st_mtime else st.st_mtime))
+        return out
+
+    def touch(self, path: Path) -> None:
+        now = time.time()
+        os.utime(path, (now, now))
+
+    def make_room(self, incoming: int) -> None:
+        for sha in evict(self.entries(), self.max_bytes, incoming):
+            (self.root / sha).unlink(missing_ok=True)
+            self.stats["evictions"] += 1
+
+    async def store(self, sha: str, chunks: AsyncIterator[bytes], size_hint: int = 0) -> Path:
+        """Write chunks to a temp file, check the hash, then move into place."""
+        target = self.path(sha)
+        self.make_room(size_hint)
+        tmp = target.with_name(f".{sha}.{os.getpid()}.{id(chunks)}")
+        digest = hashlib.sha256()
+        try:
+            with tmp.open("wb") as f:
+                async for chunk in chunks:
+                    digest.update(chunk)
+                    f.write(chunk)
+            if digest.hexdigest() != sha:
+                self.stats["refused"] += 1
+                raise HashMismatch(f"content hashes to {digest.hexdigest()}, not {sha}")
+            tmp.replace(target)
+        finally:
+            tmp.unlink(missing_ok=True)
+        self.make_room(0)
+        return target
+
+    async def get(self, sha: str, bucket: str = "", key: str = "", peer: str = "") -> Path:
+        target = self.path(sha)
+        if target.exists():
+            self.stats["hits"] += 1
+            self.touch(target)
+            return target
+        lock = self.locks.setdefault(sha, asyncio.Lock())
+        async with lock:  # one fill per blob, however many ask at once
+            if target.exists():
+                self.stats["hits"] += 1
+                return target
+            self.stats["misses"] += 1
+            errors = []
+            if peer:
+                try:
+                    path = await self.store(sha, self._from_peer(peer, sha))
+                    self.stats["fills_peer"] += 1
+                    return path
+                except (httpx.HTTPError, HashMismatch, RuntimeError) as exc:
+                    errors.append(f"peer {peer}: {exc}")
+            if bucket and key:
+                try:
+                    path = await self.store(sha, self._from_s3(bucket, key))
+                    self.stats["fills_s3"] += 1
+                    return path
+                except HashMismatch as exc:
+                    errors.append(f"s3://{bucket}/{key}: {exc}")
+                    raise HashMismatch("; ".join(errors)) from None
+                except Exception as exc:  # noqa: BLE001 - any S3 failure is reported with its cause
+                    errors.append(f"s3://{bucket}/{key}: {type(exc).__name__}: {exc}")
+            raise FileNotFoundError("; ".join(errors) or f"blob {sha} is not here and no source was given")
+
+    async def _from_peer(self, peer: str, sha: str) -> AsyncIterator[bytes]:
+        async with httpx.AsyncClient(timeout=60) as client:
+            async with client.stream("GET", f"{peer.rstrip('/')}/blobs/{sha}") as r:
+                if r.status_code != 200:
+                    raise RuntimeError(f"answered {r.status_code}")
+                async for chunk in r.aiter_bytes(1 << 20):
+                    yield chunk
+
+    async def _from_s3(self, bucket: str, key: str) -> AsyncIterator[bytes]:
+        s = self.settings
+        async with get_session().create_client("s3", endpoint_url=s.s3_endpoint, aws_access_key_id=s.s3_access_key,
+                                               aws_secret_access_key=s.s3_secret_key, region_name=s.s3_region) as c:
+            obj = await c.get_object(Bucket=bucket, Key=key)
+            async with obj["Body"] as body:
+                while chunk := await body.read(1 << 20):
+                    yield chunk
+
+
+def cache_app(cache: NodeCache) -> FastAPI:
+    app = FastAPI(title="levers9 node cache")
+
+    @app.get("/blobs/{sha}")
+    async def get_blob(sha: str, bucket: str = "", key: str = "", peer: str = "", fill: bool = False):
+        """The blob; with fill=true only make sure it is here (a worker of this node then reads the
+        file from the shared directory instead of over HTTP)."""
+        try:
+            path = await cache.get(sha, bucket, key, peer)
+        except HashMismatch as exc:
+            raise HTTPException(502, f"refused: {exc}") from None
+        except FileNotFoundError as exc:
+            raise HTTPException(404, str(exc)) from None
+        if fill:
+            return {"sha256": sha, "path": str(path), "size": path.stat().st_size}
+        return FileResponse(path, media_type="application/octet-stream")
+
+    @app.head("/blobs/{sha}")
+    async def head_blob(sha: str):
+        if not cache.path(sha).exists():
+            raise HTTPException(404, "not here")
+        return {}
+
+    @app.put("/blobs/{sha}", status_code=201)
+    async def put_blob(sha: str, request: Request):
+        try:
+            await cache.store(sha, request.stream(), int(request.headers.get("content-length") or 0))
+        except HashMismatch as exc:
+            raise HTTPException(422, str(exc)) from None
+        return {"sha256": sha}
+
+    @app.get("/stats")
+    async def stats():
+        entries = cache.entries()
+        return {"bytes": sum(e.size for e in entries), "blobs": len(entries), "max_bytes": cache.max_bytes,
+                **cache.stats}
+
+    @app.get("/healthz")
+    async def healthz():
+        return {"healthy": True}
+
+    return app

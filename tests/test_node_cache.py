@@ -1,0 +1,90 @@
+"""The node content cache: LRU eviction (pure), fills from S3 and from a peer, refuses bad hashes."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+
+import pytest
+import uvicorn
+from aiobotocore.session import get_session
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from levers9.runtime.config import Settings
+from levers9.runtime.service import _Server
+from levers9.runtime.stack import free_port
+from levers9.worker.node_cache import Entry, HashMismatch, NodeCache, cache_app, evict
+
+
+@settings(max_examples=300, deadline=None)
+@given(sizes=st.lists(st.tuples(st.integers(1, 100), st.floats(0, 1000)), max_size=12),
+       max_bytes=st.integers(0, 600), incoming=st.integers(0, 100))
+def test_eviction_frees_enough_and_least_recently_used_first(sizes, max_bytes, incoming):
+    entries = [Entry(f"{i:064x}", size, used) for i, (size, used) in enumerate(sizes)]
+    gone = evict(entries, max_bytes, incoming)
+    kept = [e for e in entries if e.sha256 not in gone]
+    if sum(e.size for e in entries) + incoming <= max_bytes:
+        assert gone == []
+    elif kept:
+        assert sum(e.size for e in kept) + incoming <= max_bytes
+    if gone and kept:
+        assert max(e.last_used for e in entries if e.sha256 in gone) <= min(e.last_used for e in kept)
+
+
+def s3_settings(servers) -> Settings:
+    return Settings(s3_endpoint=servers["s3_endpoint"], s3_access_key=servers["s3_access_key"],
+                    s3_secret_key=servers["s3_secret_key"])
+
+
+async def put(servers, bucket: str, key: str, data: bytes) -> None:
+    s = s3_settings(servers)
+    async with get_session().create_client("s3", endpoint_url=s.s3_endpoint, aws_access_key_id=s.s3_access_key,
+                                           aws_secret_access_key=s.s3_secret_key, region_name=s.s3_region) as c:
+        try:
+            await c.create_bucket(Bucket=bucket)
+        except Exception:  # noqa: BLE001 - exists
+            pass
+        await c.put_object(Bucket=bucket, Key=key, Body=data)
+
+
+async def test_fill_from_s3_checks_the_hash_and_evicts_when_full(servers, tmp_path):
+    blob = os.urandom(300_000)
+    sha = hashlib.sha256(blob).hexdigest()
+    await put(servers, "cache-test", "blob", blob)
+    cache = NodeCache(tmp_path / "blobs", s3_settings(servers), max_bytes=500_000)
+    path = await cache.get(sha, bucket="cache-test", key="blob")
+    assert path.read_bytes() == blob and cache.stats["fills_s3"] == 1
+    assert await cache.get(sha) == path and cache.stats["hits"] == 1
+    await put(servers, "cache-test", "tampered", blob[:-1] + b"!")
+    bad = hashlib.sha256(blob[:-1] + b"?").hexdigest()
+    with pytest.raises(HashMismatch):
+        await cache.get(bad, bucket="cache-test", key="tampered")
+    assert not (tmp_path / "blobs" / bad).exists()
+    other = os.urandom(300_000)
+    await put(servers, "cache-test", "other", other)
+    await asyncio.sleep(0.01)
+    await cache.get(hashlib.sha256(other).hexdigest(), bucket="cache-test", key="other")
+    assert not path.exists() and cache.stats["evictions"] == 1  # the least recently used went
+
+
+async def test_a_peer_fills_a_miss_before_s3(servers, tmp_path):
+    blob = os.urandom(100_000)
+    sha = hashlib.sha256(blob).hexdigest()
+    peer = NodeCache(tmp_path / "peer", s3_settings(servers), max_bytes=10_000_000)
+    (tmp_path / "peer" / sha).write_bytes(blob)
+    port = free_port()
+    server = _Server(uvicorn.Config(cache_app(peer), host="127.0.0.1", port=port, log_config=None, lifespan="off"))
+    task = asyncio.create_task(server.serve())
+    try:
+        while not server.started:
+            await asyncio.sleep(0.02)
+        mine = NodeCache(tmp_path / "mine", s3_settings(servers), max_bytes=10_000_000)
+        path = await mine.get(sha, peer=f"http://127.0.0.1:{port}", bucket="nope", key="nope")
+        assert path.read_bytes() == blob and mine.stats["fills_peer"] == 1
+        with pytest.raises(FileNotFoundError):
+            await mine.get("0" * 64)
+    finally:
+        server.should_exit = True
+        await task
