@@ -20,9 +20,20 @@ writes it into the container's upper layer first thing, and keeps it (renamed, s
 stays) in <worker>/logs/ after the container stops. Everything runs on this machine, so the client's
 clock and the services' clocks are the same clock.
 
+Two diagnostics explain the phases further:
+  hand-offs  a core NATS subscription to `>` (the tap) sees each event delivered to each consumer
+             and that consumer's ack or nak: how long the scheduler's projection took before it
+             placed, whether the worker nak-ed its placement ("not projected yet": its reaction ran
+             before its own projection; redelivery comes >= 200 ms later), when the gateway's
+             projection took ContainerReady in.
+  ARP        the host's ARP entry (`ip -j neigh`) for the address the new container gets, taken just
+             before the call: addresses are reused (lowest free) with a new random MAC, so a still
+             REACHABLE entry sends the worker's health polls to a dead MAC until it expires (up to
+             ~45 s). --flush-neigh flushes the bridge's entries before each call, to show the difference.
+
 Targets (issue 3): placement <= 10 ms; container start <= 250 ms on a cached image.
 
-  python bench/bench_cold_call.py [--calls 12]
+  python bench/bench_cold_call.py [--calls 12] [--flush-neigh] [--keep-home]
 
 Also the launcher the other stack benchmark (bench_warm_calls.py) uses: `running_stack()`.
 """
@@ -64,7 +75,7 @@ from levers9 import App
 app = App("bench-cold")
 
 
-@app.endpoint(name="bench-cold", cpu=0.25, memory="128Mi", keep_warm_seconds=1, timeout=60)
+@app.endpoint(name="bench-cold", cpu=CPU, memory="128Mi", keep_warm_seconds=1, timeout=60)
 def bench_cold():
     return {"container_id": os.environ.get("LEVERS9_CONTAINER_ID", "")}
 '''
@@ -326,7 +337,8 @@ def table(rows: dict[str, dict[str, float]]) -> str:
     for name in PHASES:
         s = rows.get(name)
         if s:
-            lines.append(f"{name:<12} {s['p50_ms']:>9.1f} {s['min_ms']:>9.1f} {s['max_ms']:>9.1f}  {targets.get(name, '')}")
+            lines.append(f"{name:<12} {s['p50_ms']:>9.1f} {s['min_ms']:>9.1f} {s['max_ms']:>9.1f}  "
+                         f"{targets.get(name, '')}")
     return "\n".join(lines)
 
 
@@ -336,9 +348,27 @@ def summarize(values: list[float]) -> dict[str, float]:
             "mean_ms": s["mean_ms"]}
 
 
+def set_async_commit(dsn: str) -> None:
+    """synchronous_commit=off for the whole (temporary) server of this run: a commit returns before its
+    WAL is flushed to disk. Diagnostic only: it shows how much of each hand-off is the fsync."""
+    import asyncio
+    import asyncpg
+
+    async def run() -> None:
+        conn = await asyncpg.connect(dsn)
+        try:
+            await conn.execute("ALTER SYSTEM SET synchronous_commit = off")
+            await conn.execute("SELECT pg_reload_conf()")
+        finally:
+            await conn.close()
+    asyncio.run(run())
+    log("Postgres of this run: synchronous_commit = off (diagnostic)")
+
+
 def stale(entry: dict | None) -> bool:
     """The host still had a live ARP entry (another container's MAC) for the address the new container got."""
-    return bool(entry and entry.get("lladdr") and set(entry.get("state", [])) & {"REACHABLE", "STALE", "DELAY", "PROBE"})
+    live = {"REACHABLE", "STALE", "DELAY", "PROBE"}
+    return bool(entry and entry.get("lladdr") and set(entry.get("state", [])) & live)
 
 
 def main() -> None:
@@ -346,16 +376,29 @@ def main() -> None:
     ap.add_argument("--calls", type=int, default=12, help="measured cold calls (after one that fills caches)")
     ap.add_argument("--flush-neigh", action="store_true",
                     help="diagnostic: flush the host's ARP cache on the bridge before each call")
+    ap.add_argument("--cpu", type=float, default=0.25,
+                    help="the app's cpu (cores: its cgroup CPU quota; the runner's start-up runs under it)")
+    ap.add_argument("--async-commit", action="store_true",
+                    help="diagnostic: synchronous_commit=off on this run's Postgres (projection commits "
+                         "stop waiting for the WAL flush)")
+    ap.add_argument("--budget-s", type=float, default=170.0,
+                    help="start no new call after this many seconds (stalled calls can take ~45 s each)")
     ap.add_argument("--keep-home", action="store_true", help="leave the stack's home (logs) for reading")
     args = ap.parse_args()
     name = "bench-cold"
     load_before = os.getloadavg()
     with running_stack(args.keep_home) as stack:
+        if args.async_commit:
+            set_async_commit(stack.state()["database_url"])
         tap = Tap(stack.state()["nats_url"]).start()
         try:
-            stack.deploy(COLD_APP, "bench_cold")
+            stack.deploy(COLD_APP.replace("CPU", repr(args.cpu)), "bench_cold")
             calls = []
+            began = time.monotonic()
             for i in range(args.calls + 1):
+                if i > 1 and time.monotonic() - began > args.budget_s:
+                    log(f"time budget of {args.budget_s:.0f} s spent: stopping after {i - 1} measured calls")
+                    break
                 call = one_cold_call(stack, name, args.flush_neigh)
                 call["events"] = stack.container_events(call["container_id"])
                 call["address"] = next((e["data"]["address"] for e in call["events"]
@@ -409,10 +452,14 @@ def main() -> None:
     print(f"container start p50 (Scheduled->Started) {start:.1f} ms (target <= {TARGET_START_MS:.0f}): "
           f"{verdict(start, TARGET_START_MS, higher_is_better=False)}"
           + (f"; of which runc start {runc:.1f} ms" if runc is not None else ""))
-    write_results("cold_call", {
-        "calls": len(measured), "app": "bench-cold: cpu 0.25, 128Mi, keep_warm_seconds=1, no on_start",
+    # the figures of the system as it is go to cold_call.json; those of a diagnostic run apart
+    write_results("cold_call" + ("_arp_flushed" if args.flush_neigh else "")
+                  + ("_async_commit" if args.async_commit else "")
+                  + (f"_cpu{args.cpu:g}" if args.cpu != 0.25 else ""), {
+        "calls": len(measured), "app": f"bench-cold: cpu {args.cpu:g}, 128Mi, keep_warm_seconds=1, no on_start",
         "stack": "levers9 up on this machine: one local worker (min_warm=1, max_workers=1), runc runtime",
-        "flush_neigh": args.flush_neigh, "loadavg_before": load_before, "loadavg_after": load_after,
+        "flush_neigh": args.flush_neigh, "async_commit": args.async_commit,
+        "loadavg_before": load_before, "loadavg_after": load_after,
         "phases": stats, "handoffs": handoff_stats, "stale_arp": arp, "first_call": first,
         "targets": {"placement_p50_ms": TARGET_PLACEMENT_MS, "container_start_p50_ms": TARGET_START_MS},
         "verdicts": {"placement": verdict(placement, TARGET_PLACEMENT_MS, higher_is_better=False),

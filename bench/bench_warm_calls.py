@@ -38,7 +38,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import RESULTS, CpuMeter, _cpu_seconds, log, verdict, write_results  # noqa: E402
+from _common import CpuMeter, log, verdict, write_results  # noqa: E402
 from bench_cold_call import running_stack  # noqa: E402
 
 CLIENTS = (1, 10, 100)
@@ -85,6 +85,17 @@ def runner_pids() -> list[int]:
     return out
 
 
+def _process_cpu_seconds(pid: int) -> float:
+    """utime + stime of the whole process, threads that already exited included (the runner starts a
+    thread per connection: summing the live threads' schedstat would lose the ones that ended)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rpartition(")")[2].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
 class Cpu:
     """Cores busy per process group over a span (sampled every 0.2 s, so short-lived pids still count)."""
 
@@ -98,7 +109,7 @@ class Cpu:
     def _sample(self, first: bool) -> None:
         for name, pids in self.groups.items():
             for pid in pids():
-                v = _cpu_seconds(pid)
+                v = _process_cpu_seconds(pid)
                 if v <= 0:
                     continue
                 if pid not in self.first:
@@ -150,7 +161,8 @@ def wrk(url: str, clients: int, seconds: float, script: Path, headers: dict[str,
     cpu_ms = {k: round(v * secs * 1000 / max(1, r["requests"]), 3) for k, v in cpu.cores.items()
               if k in ("gateway", "runner")}
     return {"clients": clients, "requests": r["requests"], "seconds": round(secs, 2),
-            "rps": round(r["requests"] / secs, 1), "errors": r["errors"], "ok_rps": round((r["requests"] - errors) / secs, 1),
+            "rps": round(r["requests"] / secs, 1), "errors": r["errors"],
+            "ok_rps": round((r["requests"] - errors) / secs, 1),
             "p50_ms": r["latency_us"]["p50"] / 1000, "p90_ms": r["latency_us"]["p90"] / 1000,
             "p99_ms": r["latency_us"]["p99"] / 1000, "max_ms": r["latency_us"]["max"] / 1000,
             "mean_ms": round(r["latency_us"]["mean"] / 1000, 3), "cpu_cores": cpu.cores,
@@ -193,6 +205,10 @@ GATEWAY_FILE = re.compile(r"\((?:.*/)?gateway/(service|router)\.py\)$")
 # what the samples go to: (label, frames whose text contains one of these); inclusive, so they overlap
 SPOTS = (
     ("httpx AsyncClient.send: the upstream request (httpx + httpcore + h11 client)", ("AsyncClient.send (",)),
+    ("  of it, httpcore AsyncConnectionPool._assign_requests_to_connections (scans every pooled connection)",
+     ("AsyncConnectionPool._assign_requests_to_connections (",)),
+    ("    of that, has_expired() on each pooled connection (socket readable? get_extra_info)",
+     ("AsyncHTTPConnection.has_expired (",)),
     ("starlette StreamingResponse: streaming the answer back (anyio task group, aiter_raw)",
      ("StreamingResponse.",)),
     ("asyncpg: a query per call (resolve: the deployment row)", ("Connection.fetchrow (",)),
@@ -274,6 +290,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seconds", type=float, default=5.0, help="length of each wrk run")
     ap.add_argument("--profile", action="store_true", help="py-spy the gateway during one more 100-client run")
+    ap.add_argument("--keep-profile", metavar="FILE", default="",
+                    help="with --profile: keep py-spy's raw stacks there (flamegraph.pl input)")
     args = ap.parse_args()
     if shutil.which("wrk") is None:
         raise SystemExit("wrk is not installed: apt-get install -y wrk")
@@ -310,9 +328,8 @@ def main() -> None:
                     log(f"{target:>7} {clients:>3} clients: {res['rps']:>8.0f} req/s  p50 {res['p50_ms']:.2f} ms  "
                         f"p99 {res['p99_ms']:.2f} ms  errors {res['errors']}  cores {res['cpu_cores']}")
             if args.profile:
-                RESULTS.mkdir(parents=True, exist_ok=True)
-                profile = profile_gateway(gw_pid, *targets["gateway"], script, args.seconds,
-                                          RESULTS / "warm_calls_gateway.pyspy.txt")
+                raw = Path(args.keep_profile) if args.keep_profile else tmp / "gateway.pyspy.txt"
+                profile = profile_gateway(gw_pid, *targets["gateway"], script, args.seconds, raw)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     load_after = os.getloadavg()
@@ -323,7 +340,8 @@ def main() -> None:
           f"{'p99 ms':>7} | {'added p50':>9} {'gw % of direct':>14} | {'gw CPU ms/req':>13}")
     for d, g in zip(results["direct"], results["gateway"]):
         added, share = round(g["p50_ms"] - d["p50_ms"], 3), round(100.0 * g["ok_rps"] / max(1e-9, d["ok_rps"]), 1)
-        comparison.append({"clients": d["clients"], "added_p50_ms": added, "added_p99_ms": round(g["p99_ms"] - d["p99_ms"], 3),
+        comparison.append({"clients": d["clients"], "added_p50_ms": added,
+                           "added_p99_ms": round(g["p99_ms"] - d["p99_ms"], 3),
                            "gateway_pct_of_direct_rps": share})
         print(f"{d['clients']:>7} | {d['rps']:>12.0f} {d['p50_ms']:>7.2f} {d['p99_ms']:>7.2f} | {g['rps']:>13.0f} "
               f"{g['p50_ms']:>7.2f} {g['p99_ms']:>7.2f} | {added:>9.2f} {share:>13.1f}% | "
@@ -338,7 +356,8 @@ def main() -> None:
     print(f"\np50 added by the gateway (1 client): {at1['added_p50_ms']:.2f} ms (target <= {TARGET_ADDED_P50_MS:.0f}): "
           f"{verdict(at1['added_p50_ms'], TARGET_ADDED_P50_MS, higher_is_better=False)}")
     print(f"gateway throughput at 100 clients: {at100['gateway_pct_of_direct_rps']:.1f}% of direct "
-          f"(target >= {TARGET_THROUGHPUT_PCT:.0f}%): {verdict(at100['gateway_pct_of_direct_rps'], TARGET_THROUGHPUT_PCT)}")
+          f"(target >= {TARGET_THROUGHPUT_PCT:.0f}%): "
+          f"{verdict(at100['gateway_pct_of_direct_rps'], TARGET_THROUGHPUT_PCT)}")
     if profile and "error" not in profile:
         print(f"\ngateway profile at 100 clients (py-spy, {profile['samples']} samples, "
               f"{profile['load']['rps']:.0f} req/s and {profile['load']['cpu_cores']} cores while sampled):")

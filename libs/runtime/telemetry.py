@@ -78,7 +78,7 @@ def setup_logging(service: str, level: str = "INFO", fmt: str = "json") -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
-    for noisy in ("nats", "asyncio", "uvicorn.access", "botocore", "aiobotocore"):
+    for noisy in ("nats", "asyncio", "uvicorn.access", "botocore", "aiobotocore", "httpx", "httpcore"):
         logging.getLogger(noisy).setLevel("WARNING")
 
 

@@ -18,8 +18,10 @@ import secrets as pysecrets
 import tarfile
 from typing import Any
 
+import aiohttp
 import httpx
 import msgspec
+import yarl
 from aiobotocore.session import get_session
 from fastapi import FastAPI, File, Form, HTTPException, Request, UploadFile
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -112,11 +114,17 @@ class GatewayService(Service):
         self.routers: dict[str, DeploymentRouter] = {}
         self.container_deployment: dict[str, str] = {}
         self.tokens: dict[str, Caller] = {}
+        self.deployments: dict[tuple[str, str, str], dict] = {}  # (workspace, name, vN|latest) -> row
         self.http: httpx.AsyncClient | None = None
+        self.session: aiohttp.ClientSession | None = None
 
     async def on_start(self) -> None:
         self.http = httpx.AsyncClient(timeout=None, limits=httpx.Limits(max_connections=2000,
                                                                          max_keepalive_connections=500))
+        # the proxy hop: aiohttp's pool hands out a keep-alive connection without scanning the pool
+        self.session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0, limit_per_host=0, keepalive_timeout=60),
+            auto_decompress=False, timeout=aiohttp.ClientTimeout(total=None), skip_auto_headers=("User-Agent",))
         for r in await self.pool.fetch("SELECT container_id, deployment_id FROM gateway.containers "
                                        "WHERE status NOT IN ('stopped', 'failed')"):
             self.container_deployment[r["container_id"]] = r["deployment_id"]
@@ -124,6 +132,8 @@ class GatewayService(Service):
     async def on_stop(self) -> None:
         if self.http:
             await self.http.aclose()
+        if self.session:
+            await self.session.close()
 
     # ---- projections feed the in-memory routing state --------------------------------------------
 
@@ -131,6 +141,8 @@ class GatewayService(Service):
         await super().apply(p, batch)
         if p.name == "tokens":
             self.tokens.clear()
+        elif p.name == "deployments":
+            self.deployments.clear()
         elif p.name == "containers":
             for d in batch:
                 if d.message is not None:
@@ -153,7 +165,7 @@ class GatewayService(Service):
     async def router_for(self, dep: dict) -> DeploymentRouter:
         router = self.routers.get(dep["deployment_id"])
         if router is None:
-            spec = json.loads(dep["spec"])
+            spec = dep["spec"]
             router = DeploymentRouter(dep["deployment_id"], int(spec.get("concurrency", 1)),
                                       int(spec.get("max_containers", 1)))
             rows = await self.pool.fetch(
@@ -503,25 +515,30 @@ class GatewayService(Service):
     async def resolve(self, workspace: str, name: str, rest: str) -> tuple[dict, str]:
         head, _, tail = rest.partition("/")
         match = VERSION_RE.fullmatch(head)
-        if match:
-            row = await self.pool.fetchrow("SELECT * FROM gateway.deployments WHERE workspace=$1 AND name=$2 AND "
-                                           "version=$3", workspace, name, int(match.group(1)))
+        which = head if match else "latest"
+        if match or head == "latest":
             rest = tail
-        else:
-            if head == "latest":
-                rest = tail
-            row = await self.pool.fetchrow("SELECT * FROM gateway.deployments WHERE workspace=$1 AND name=$2 AND "
-                                           "status='active' ORDER BY version DESC LIMIT 1", workspace, name)
+        key = (workspace, name, which)
+        row = self.deployments.get(key)  # cleared whenever a deployment event is projected
         if row is None:
-            raise HTTPException(404, f"no endpoint {name!r}{' ' + head if match else ''} in workspace "
-                                     f"{workspace!r}: deploy it with `levers9 deploy FILE`")
+            if match:
+                row = await self.pool.fetchrow("SELECT * FROM gateway.deployments WHERE workspace=$1 AND name=$2 "
+                                               "AND version=$3", workspace, name, int(match.group(1)))
+            else:
+                row = await self.pool.fetchrow("SELECT * FROM gateway.deployments WHERE workspace=$1 AND name=$2 "
+                                               "AND status='active' ORDER BY version DESC LIMIT 1", workspace, name)
+            if row is None:
+                raise HTTPException(404, f"no endpoint {name!r}{' ' + head if match else ''} in workspace "
+                                         f"{workspace!r}: deploy it with `levers9 deploy FILE`")
+            row = {**dict(row), "spec": json.loads(row["spec"])}
+            self.deployments[key] = row
         if row["status"] != "active":
             raise HTTPException(410, f"endpoint {name!r} version {row['version']} is {row['status']}")
-        return dict(row), rest
+        return row, rest
 
     async def invoke(self, request: Request, caller: Caller, name: str, rest: str):
         dep, subpath = await self.resolve(caller.workspace, name, rest)
-        spec = json.loads(dep["spec"])
+        spec = dep["spec"]
         length = int(request.headers.get("content-length") or 0)
         if length > self.settings.max_body_bytes:
             raise HTTPException(413, f"the body is {length} bytes; the limit is {self.settings.max_body_bytes}")
@@ -570,32 +587,45 @@ class GatewayService(Service):
         return row["checkpoint_id"], row["accelerator"], ""
 
     async def proxy(self, request: Request, address: str, subpath: str, timeout: float, router, slot):
-        headers = [(k, v) for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP]
+        """One hop to the container. Small bodies are read whole (no chunked re-encoding); large or
+        unsized ones stream both ways. The slot is released when the answer has been sent."""
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP}
         limit = self.settings.max_body_bytes
-
-        async def body():
-            seen = 0
-            async for chunk in request.stream():
-                seen += len(chunk)
-                if seen > limit:
-                    raise HTTPException(413, f"the body is over the limit of {limit} bytes")
-                yield chunk
-
-        upstream = self.http.build_request(request.method, f"{address}/{subpath}", params=request.query_params,
-                                           headers=headers, content=body(), timeout=timeout)
+        length = int(request.headers.get("content-length") or 0)
+        if length or "transfer-encoding" not in request.headers:
+            body = await request.body() if length else None
+        else:
+            async def stream():
+                seen = 0
+                async for chunk in request.stream():
+                    seen += len(chunk)
+                    if seen > limit:
+                        raise HTTPException(413, f"the body is over the limit of {limit} bytes")
+                    yield chunk
+            body = stream()
+        query = request.url.query
+        url = yarl.URL(f"{address}/{subpath}" + (f"?{query}" if query else ""), encoded=True)
         try:
-            resp = await self.http.send(upstream, stream=True)
-        except httpx.HTTPError as exc:
+            resp = await self.session.request(request.method, url, headers=headers, data=body,
+                                              timeout=aiohttp.ClientTimeout(total=timeout))
+        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
             await router.release(slot)
             return JSONResponse({"detail": f"the container did not answer: {type(exc).__name__}: {exc}"},
                                 status_code=502)
         out_headers = {k: v for k, v in resp.headers.items() if k.lower() not in HOP_BY_HOP}
+        if resp.content_length is not None and resp.content_length <= 1 << 20:
+            try:
+                data = await resp.read()
+            finally:
+                resp.release()
+                await router.release(slot)
+            return Response(data, status_code=resp.status, headers=out_headers)
 
         async def done():
-            await resp.aclose()
+            resp.release()
             await router.release(slot)
 
-        return StreamingResponse(resp.aiter_raw(), status_code=resp.status_code, headers=out_headers,
+        return StreamingResponse(resp.content.iter_chunked(65536), status_code=resp.status, headers=out_headers,
                                  background=_task(done))
 
 

@@ -195,9 +195,8 @@ class WorkerService(Service):
         if ev.worker_id != self.worker_id or ev.container_id in self.containers:
             return
         await self.ready.wait()
-        row = await self.pool.fetchrow("SELECT * FROM worker.containers WHERE workspace=$1 AND container_id=$2",
-                                       d.message.envelope.workspace, ev.container_id)
-        if row is None or row["last_seq"] < d.seq:
+        row = await self.projected(d.message.envelope.workspace, ev.container_id, d.seq)
+        if row is None:
             raise NotYet(f"container {ev.container_id} not projected yet")
         if row["worker_id"] != self.worker_id or row["status"] != "scheduled":
             log.info("placement of %s is stale (%s on %s); skipping", ev.container_id, row["status"], row["worker_id"])
@@ -222,6 +221,19 @@ class WorkerService(Service):
                     deployment_version=dep["version"], memory_mib=row["memory_mib"])
         self.containers[c.container_id] = c
         c.task = asyncio.create_task(self.start_container(c, row, spec, checkpoint))
+
+    async def projected(self, workspace: str, container_id: str, seq: int, wait_s: float = 3.0):
+        """Our own projection's row for the container once it has applied `seq`: the placement
+        usually arrives here a few ms before the projection has it; waiting beats a nak's delay."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            row = await self.pool.fetchrow("SELECT * FROM worker.containers WHERE workspace=$1 AND container_id=$2",
+                                           workspace, container_id)
+            if row is not None and row["last_seq"] >= seq:
+                return row
+            if time.monotonic() > deadline:
+                return None
+            await asyncio.sleep(0.005)
 
     async def start_container(self, c: Running, row, spec: dict, checkpoint=None) -> None:
         note = ""
@@ -429,8 +441,8 @@ class WorkerService(Service):
                 await _sleep(stop, MONITOR_EVERY_S)
                 draining = await self.draining()
                 for c in list(self.containers.values()):
-                    if c.stopping or c.ready_at is None:
-                        continue
+                    if c.stopping or c.ready_at is None or c.deployment_id in self.dumping:
+                        continue  # never stop a container in the middle of its dump
                     try:
                         await self.check(client, c, draining)
                     except Exception:  # noqa: BLE001 - next round checks again

