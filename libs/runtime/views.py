@@ -13,7 +13,7 @@ import asyncpg
 from levers9.contracts import Message
 from levers9.contracts import events as E
 
-from .projection import Projection
+from .projection import BatchedProjection, Projection
 
 
 def occurred(msg: Message) -> dt.datetime:
@@ -27,7 +27,7 @@ CONTAINER_STATUS = {
 }
 
 
-class ContainersView(Projection):
+class ContainersView(BatchedProjection):
     name = "containers"
     filter_subjects = ("levers9.*.container.>",)
     tables = ("containers",)
@@ -48,60 +48,60 @@ class ContainersView(Projection):
             PRIMARY KEY (workspace, container_id))""",
                 f"CREATE INDEX IF NOT EXISTS containers_status ON {schema}.containers (status)"]
 
-    async def apply(self, conn: asyncpg.Connection, schema: str, msg: Message, seq: int) -> None:
+    def statements(self, schema: str, msg: Message, seq: int) -> list[tuple[str, tuple]]:
         ev, env, at = msg.event, msg.envelope, occurred(msg)
-        status = CONTAINER_STATUS.get(env.type)
-        if status is None:  # an event that changes no status still moves the aggregate's position
-            await conn.execute(f"""UPDATE {schema}.containers SET last_seq = $3, version = version + 1
-                                   WHERE workspace = $1 AND container_id = $2""", env.workspace, ev.container_id, seq)
-            return
+        out: list[tuple[str, tuple]] = []
+        status = CONTAINER_STATUS.get(env.type, "")
+        if not status:  # an event that changes no status still moves the aggregate's position
+            out.append((f"""UPDATE {schema}.containers SET last_seq = $3, version = version + 1
+                            WHERE workspace = $1 AND container_id = $2""", (env.workspace, ev.container_id, seq)))
+            return out
         if isinstance(ev, E.ContainerRequested):
-            await conn.execute(
+            out.append((
                 f"""INSERT INTO {schema}.containers (workspace, container_id, deployment_id, status, cpu_millicores,
-                    memory_mib, gpu, gpu_count, pool, checkpoint_id, requested_at, updated_at, correlation_id, version)
-                    VALUES ($1,$2,$3,'requested',$4,$5,$6,$7,$8,$9,$10,$10,$11,1)
+                    memory_mib, gpu, gpu_count, pool, checkpoint_id, requested_at, updated_at, correlation_id, version,
+                    last_seq, attempt, excluded_workers, deployment_version, note, accelerator)
+                    VALUES ($1,$2,$3,'requested',$4,$5,$6,$7,$8,$9,$10,$10,$11,1,$12,$13,$14,$15,$16,$17)
                     ON CONFLICT (workspace, container_id) DO UPDATE SET status='requested', worker_id='',
                     address='', reason='', exit_code=NULL, deployment_id=EXCLUDED.deployment_id,
                     cpu_millicores=EXCLUDED.cpu_millicores, memory_mib=EXCLUDED.memory_mib, gpu=EXCLUDED.gpu,
                     gpu_count=EXCLUDED.gpu_count, pool=EXCLUDED.pool, checkpoint_id=EXCLUDED.checkpoint_id,
                     requested_at=COALESCE({schema}.containers.requested_at, EXCLUDED.requested_at),
                     updated_at=EXCLUDED.updated_at, correlation_id=EXCLUDED.correlation_id,
-                    version={schema}.containers.version + 1, ready_at=NULL""",
-                env.workspace, ev.container_id, ev.deployment_id, ev.cpu_millicores, ev.memory_mib, list(ev.gpu),
-                ev.gpu_count, ev.pool, ev.checkpoint_id, at, env.correlation_id)
-            await conn.execute(
-                f"""UPDATE {schema}.containers SET last_seq=$3, attempt=$4, excluded_workers=$5, deployment_version=$6,
-                    note=$7, accelerator=$8, restored_from='', checkpoint_to_restore=''
-                    WHERE workspace=$1 AND container_id=$2""",
-                env.workspace, ev.container_id, seq, ev.attempt, list(ev.excluded_workers), ev.deployment_version,
-                ev.note, ev.accelerator)
-            return
-        await conn.execute(
-            f"""INSERT INTO {schema}.containers (workspace, container_id, status, updated_at, correlation_id, version)
-                VALUES ($1, $2, $3, $4, $5, 1)
+                    version={schema}.containers.version + 1, ready_at=NULL, last_seq=EXCLUDED.last_seq,
+                    attempt=EXCLUDED.attempt, excluded_workers=EXCLUDED.excluded_workers,
+                    deployment_version=EXCLUDED.deployment_version, note=EXCLUDED.note,
+                    accelerator=EXCLUDED.accelerator, restored_from='', checkpoint_to_restore=''""",
+                (env.workspace, ev.container_id, ev.deployment_id, ev.cpu_millicores, ev.memory_mib, list(ev.gpu),
+                 ev.gpu_count, ev.pool, ev.checkpoint_id, at, env.correlation_id, seq, ev.attempt,
+                 list(ev.excluded_workers), ev.deployment_version, ev.note, ev.accelerator)))
+            return out
+        # one statement per event: upsert the status and whatever this event type carries
+        out.append((
+            f"""INSERT INTO {schema}.containers (workspace, container_id, status, updated_at, correlation_id, version,
+                    worker_id, address, reason, exit_code, last_seq, ready_at)
+                VALUES ($1, $2, $3, $4::timestamptz, $5, 1, $6::text, $7::text, $8, $9::int, $10,
+                        CASE WHEN $6::text <> '' AND $7::text <> '' THEN $4::timestamptz END)
                 ON CONFLICT (workspace, container_id) DO UPDATE SET status = $3, updated_at = $4,
-                version = {schema}.containers.version + 1""",
-            env.workspace, ev.container_id, status, at, env.correlation_id)
-        worker = getattr(ev, "worker_id", "")
-        address = getattr(ev, "address", "")
-        reason = getattr(ev, "reason", "")
-        exit_code = getattr(ev, "exit_code", None)
-        await conn.execute(
-            f"""UPDATE {schema}.containers SET worker_id = CASE WHEN $3 <> '' THEN $3 ELSE worker_id END,
-                address = CASE WHEN $4 <> '' THEN $4 ELSE address END,
-                reason = CASE WHEN $5 <> '' THEN $5 ELSE reason END, exit_code = COALESCE($6, exit_code),
-                last_seq = $7, ready_at = CASE WHEN $3 <> '' AND $4 <> '' THEN $8 ELSE ready_at END
-                WHERE workspace = $1 AND container_id = $2""",
-            env.workspace, ev.container_id, worker, address, reason, exit_code, seq, at)
+                version = {schema}.containers.version + 1,
+                worker_id = CASE WHEN $6 <> '' THEN $6 ELSE {schema}.containers.worker_id END,
+                address = CASE WHEN $7 <> '' THEN $7 ELSE {schema}.containers.address END,
+                reason = CASE WHEN $8 <> '' THEN $8 ELSE {schema}.containers.reason END,
+                exit_code = COALESCE($9, {schema}.containers.exit_code), last_seq = $10,
+                ready_at = CASE WHEN $6::text <> '' AND $7::text <> '' THEN $4::timestamptz
+                                ELSE {schema}.containers.ready_at END""",
+            (env.workspace, ev.container_id, status, at, env.correlation_id, getattr(ev, "worker_id", ""),
+             getattr(ev, "address", ""), getattr(ev, "reason", ""), getattr(ev, "exit_code", None), seq)))
         note = getattr(ev, "note", "")
         if note or isinstance(ev, (E.ContainerScheduled, E.ContainerStarted)):
-            await conn.execute(
+            out.append((
                 f"""UPDATE {schema}.containers SET note = CASE WHEN $3 <> '' THEN $3 ELSE note END,
                     restored_from = CASE WHEN $4 <> '' THEN $4 ELSE restored_from END,
                     checkpoint_to_restore = CASE WHEN $6 THEN $5 ELSE checkpoint_to_restore END
                     WHERE workspace = $1 AND container_id = $2""",
-                env.workspace, ev.container_id, note, getattr(ev, "restored_from", ""),
-                getattr(ev, "checkpoint_id", ""), isinstance(ev, E.ContainerScheduled))
+                (env.workspace, ev.container_id, note, getattr(ev, "restored_from", ""),
+                 getattr(ev, "checkpoint_id", ""), isinstance(ev, E.ContainerScheduled))))
+        return out
 
 
 WORKER_STATUS = {"WorkerProvisioned": "provisioning", "WorkerRegistered": "registered", "WorkerReady": "ready",

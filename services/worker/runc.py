@@ -5,9 +5,16 @@ Layout of one container, under `<state_dir>/containers/<id>/`:
     upper/ work/ the overlay's writable layer over the shared base root (levers9.worker.rootfs)
     rootfs/      the overlay mount
     state.json   what stop() and cleanup_all() need after a restart (address, init pid, limits)
-    runc.log     runc's own log of `runc run`
+    spec.json    the spec fields a checkpoint's manifest carries (env, cpu, memory, command, port)
+    criu.conf    CRIU's options for this container, named by the `org.criu.config` annotation
+    runc.log     runc's own log of `runc run` (or `runc restore`)
 runc's state lives in `<state_dir>/runc` (`runc --root`), so workers of one machine never see each
 other's containers. After stop() only the log is left, moved to `<state_dir>/logs/<id>.log`.
+
+Checkpoint/restore (CRIU, see levers9.worker.criu and levers9.worker.checkpoint): checkpoint()
+pauses the container, dumps it leave-running with `runc checkpoint`, copies its upper layer, thaws
+it, and writes one tar; restore() unpacks such a tar into a new container dir with a new network
+namespace and address and runs `runc restore`. Dumps are staged in `<state_dir>/checkpoints/`.
 
 How the process runs: init (PID 1 of the container) is a small /bin/sh script that points its own
 and the app's stdio INTO the container (`/var/log/levers9/container.log`; a host file as an fd
@@ -31,17 +38,23 @@ import os
 import shlex
 import shutil
 import time
+import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from levers9.runtime.config import Settings
+from levers9.worker import checkpoint as ckpt
 from levers9.worker import network, rootfs
+from levers9.worker.criu import CriuInfo, ensure_criu
 from levers9.worker.runtime import (ContainerError, ContainerSpec, Exit, Progress, Runtime, Started,
                                     _start_time, exit_of)
 
 LOG_DIR = "/var/log/levers9"
 LOG_FILE = f"{LOG_DIR}/container.log"
 EXIT_FILE = f"{LOG_DIR}/exit-status"
+CRIU_LOG_LIMIT = 256 << 20  # a CRIU log past this means CRIU loops (see RuncRuntime._criu_job)
+CRIU_CONF = "criu.conf"  # in the container dir: CRIU's options for this container (runc reads it)
+SPEC_FILE = "spec.json"  # in the container dir: the spec fields a checkpoint's manifest keeps
 CPU_PERIOD_US = 100_000
 PIDS_LIMIT = 4096
 PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -82,15 +95,17 @@ def container_env(spec: ContainerSpec) -> list[str]:
 
 
 def bundle_spec(spec: ContainerSpec, rootfs_path: Path, netns_path: Path, *,
-                cgroup_parent: str = "/levers9") -> dict:
+                cgroup_parent: str = "/levers9", criu_config: Path | None = None) -> dict:
     """The OCI config.json of a container (runc 1.1, spec 1.0.2).
 
     No /sys mount (CRIU restores fail with one); the process's stdio is set up inside the
     container by `init_script`; /app and /opt/levers9 are read-only binds of the host's dirs.
+    `criu_config`: the CRIU configuration file runc hands to CRIU for this container (annotation
+    `org.criu.config`; without it runc would use the machine-wide /etc/criu/runc.conf).
     """
     memory = spec.memory_mib * 1024 * 1024
     bind_ro = ["bind", "ro", "nosuid", "nodev"]
-    return {
+    config = {
         "ociVersion": "1.0.2-dev",
         "process": {
             "terminal": False,
@@ -135,6 +150,9 @@ def bundle_spec(spec: ContainerSpec, rootfs_path: Path, netns_path: Path, *,
             "readonlyPaths": list(READONLY_PATHS),
         },
     }
+    if criu_config is not None:
+        config["annotations"] = {"org.criu.config": str(criu_config)}
+    return config
 
 
 def upper_files(spec: ContainerSpec, ip: str) -> dict[str, str]:
@@ -147,6 +165,12 @@ def upper_files(spec: ContainerSpec, ip: str) -> dict[str, str]:
         "/etc/resolv.conf": "# levers9: no DNS; containers reach only their bridge subnet\n",
         "/etc/hostname": f"{spec.container_id[:63]}\n",
     }
+
+
+def spec_record(spec: ContainerSpec) -> dict:
+    """The fields of a spec that a checkpoint carries to its restores (host paths are not)."""
+    return {"env": dict(spec.env), "cpu_millicores": spec.cpu_millicores,
+            "memory_mib": spec.memory_mib, "command": list(spec.command), "port": spec.port}
 
 
 def write_upper(upper: Path, files: dict[str, str]) -> None:
@@ -263,6 +287,11 @@ class RuncRuntime(Runtime):
         self._ended: dict[str, Exit] = {}  # stopped (torn down)
         self._exited: dict[str, Exit] = {}  # seen ended by poll(), not stopped yet
         self._locks: dict[str, asyncio.Lock] = {}
+        self._criu: CriuInfo | None = None  # set by use_criu(): checkpoints on
+        self.dump_timeout = 300.0  # seconds runc checkpoint may take (the container is paused)
+        self.restore_timeout = 60.0  # seconds runc restore may take before it counts as failed
+        self.criu_log_limit = CRIU_LOG_LIMIT
+        self._base_id: str | None = None
 
     # -- setup --
 
@@ -316,7 +345,13 @@ class RuncRuntime(Runtime):
                 (cdir / sub).mkdir()
             mount_overlay(self._base, cdir / "upper", cdir / "work", cdir / "rootfs")
             await network.attach(names, self.settings.bridge_name, self.settings.bridge_subnet, rec.ip)
-            config = bundle_spec(spec, cdir / "rootfs", network.netns_path(names))
+            await self._forget_neighbor(rec.ip)
+            # CRIU's options for a later dump of this container (not the machine-wide runc.conf),
+            # and what a checkpoint's manifest needs of the spec
+            (cdir / CRIU_CONF).write_text(ckpt.dump_config())
+            (cdir / SPEC_FILE).write_text(json.dumps(spec_record(spec)))
+            config = bundle_spec(spec, cdir / "rootfs", network.netns_path(names),
+                                 criu_config=cdir / CRIU_CONF)
             (cdir / "config.json").write_text(json.dumps(config, indent=1))
             await self._run(cid, cdir)
             rec.pid = int((cdir / "init.pid").read_text())
@@ -452,11 +487,269 @@ class RuncRuntime(Runtime):
         found |= {c.container_id for c in self.ipam.claims() if c.state_dir == str(self.state_dir)}
         found -= set(self._live)
         for cid in sorted(found):
+            _thaw(f"/levers9/{cid}")  # a worker that died mid-checkpoint left it paused
+            await _kill_cgroup(f"/levers9/{cid}")  # ... or mid-restore: CRIU and its tasks
+            self._unmount_criu_leftovers(cid)
             await self._teardown(cid)
+            if not (self.runc_root / cid / "state.json").exists():  # runc's half-made restore
+                shutil.rmtree(self.runc_root / cid, ignore_errors=True)
+            _remove_cgroups(f"/levers9/{cid}")
             self._ended.pop(cid, None)
+        scratch = self.state_dir / "checkpoints"  # dumps a dead worker did not finish
+        if scratch.is_dir():
+            for left in scratch.iterdir():
+                if left.name.split(".", 1)[0] not in self._live:
+                    shutil.rmtree(left, ignore_errors=True)
         return sorted(found)
 
+    # -- checkpoint / restore (CRIU) --
+
+    def use_criu(self, info: CriuInfo) -> None:
+        """Arm checkpoint() and restore() with a working CRIU (levers9.worker.criu.ensure_criu)."""
+        self._criu = info
+
+    async def enable_checkpoints(self, progress: Progress = lambda s: None) -> CriuInfo:
+        """Find or make CRIU (a minute the first time on a machine) and use it; CriuUnavailable
+        says why not."""
+        info = await ensure_criu(Path(self.settings.image_cache), progress)
+        self.use_criu(info)
+        return info
+
+    @property
+    def checkpoint_ready(self) -> bool:
+        return self._criu is not None
+
+    def memory_usage(self, container_id: str) -> int | None:
+        """Bytes the container's memory cgroup holds now (what a dump roughly writes), None if unknown."""
+        cgroup = memory_cgroup_dir(f"/levers9/{container_id}")
+        for name in ("memory.usage_in_bytes", "memory.current"):  # v1, v2
+            try:
+                return int((cgroup / name).read_text()) if cgroup else None
+            except (OSError, ValueError):
+                continue
+        return None
+
+    async def checkpoint(self, container_id: str, out_tar: Path) -> ckpt.CheckpointArtifact:
+        """Dump the running container into `out_tar`; it keeps running (and serving).
+
+        The container is frozen (runc pause) for the dump AND the copy of its writable layer, so
+        the files match the memory image (CRIU checks the size of every open file on restore:
+        the log grows while a leave-running container serves). Then it is thawed and the tar is
+        written outside the pause."""
+        criu = self._criu
+        if criu is None:
+            raise ckpt.CheckpointError("checkpoints are off here: no working CRIU (use_criu was not called)")
+        cid = container_id
+        lock = self._locks.setdefault(cid, asyncio.Lock())
+        async with lock:
+            rec = self._record(cid)
+            if rec is None or cid in self._ended or not await self._is_running(rec):
+                raise ckpt.CheckpointError(f"container {cid} is not running")
+            cdir = self.container_dir(cid)
+            try:
+                spec = json.loads((cdir / SPEC_FILE).read_text())
+                hostname = json.loads((cdir / "config.json").read_text()).get("hostname", cid)
+            except (OSError, ValueError) as exc:
+                raise ckpt.CheckpointError(f"container {cid} has no readable spec: {exc}") from exc
+            scratch = self.state_dir / "checkpoints" / f"{cid}.{uuid.uuid4().hex[:8]}"
+            images, work, upper = scratch / ckpt.IMAGES, scratch / "work", scratch / ckpt.UPPER
+            work.mkdir(parents=True)
+            began = time.monotonic()
+            try:
+                rc, _, err = await self._runc_cmd("pause", cid)
+                if rc != 0:
+                    raise ckpt.CheckpointError(f"runc pause {cid}: {err.strip()}")
+                paused = time.monotonic()
+                try:
+                    runc_log = scratch / "runc.log"
+                    failed = await self._criu_job(
+                        ["--log", str(runc_log), "--log-format", "json", "--criu", str(criu.binary),
+                         "checkpoint", "--leave-running", "--image-path", str(images),
+                         "--work-path", str(work), cid],
+                        work / "dump.log", self.dump_timeout, cid, kill_container=False)
+                    dumped = time.monotonic()
+                    if failed is not None:
+                        raise ckpt.CheckpointError(
+                            f"CRIU could not dump {cid}: {failed or _criu_reason(work / 'dump.log', runc_log)}")
+                    await _copy_tree(cdir / "upper", upper)
+                finally:
+                    rc, _, err = await self._runc_cmd("resume", cid)
+                    thawed = time.monotonic()
+                    if rc != 0:
+                        raise ckpt.CheckpointError(f"runc resume {cid} after the dump: {err.strip()}")
+                manifest = ckpt.make_manifest(
+                    container_id=cid, hostname=hostname, ip=rec.ip, env=spec["env"],
+                    cpu_millicores=spec["cpu_millicores"], memory_mib=spec["memory_mib"],
+                    command=spec["command"], port=spec["port"], base=await self._base_identity(),
+                    criu_version=criu.version, created_at=time.time())
+                size, sha = await asyncio.to_thread(ckpt.write_tar, Path(out_tar), manifest,
+                                                    images, upper)
+            finally:
+                await asyncio.to_thread(shutil.rmtree, scratch, True)
+            return ckpt.CheckpointArtifact(size_bytes=size, sha256=sha,
+                                                 seconds=time.monotonic() - began,
+                                                 dump_seconds=dumped - paused,
+                                                 paused_seconds=thawed - paused, manifest=manifest)
+
+    async def restore(self, spec: ContainerSpec, tar: Path) -> Started:
+        """Restore the checkpoint `tar` as the new container `spec.container_id`: its own network
+        namespace and address, a fresh overlay whose upper layer comes from the tar; code and SDK
+        from `spec` (host paths), limits from `spec`; env, command and port are the dumped ones
+        (they live in the restored memory). On failure nothing of it is left (RestoreError)."""
+        criu = self._criu
+        if criu is None:
+            raise ckpt.RestoreError("checkpoints are off here: no working CRIU (use_criu was not called)")
+        await self.prepare()
+        assert self._base is not None
+        cid = spec.container_id
+        cdir = self.container_dir(cid)
+        try:
+            cdir.mkdir()
+        except FileExistsError:
+            raise ckpt.RestoreError(f"container {cid} exists already (stop it first)") from None
+        self._ended.pop(cid, None)
+        self._exited.pop(cid, None)
+        rec = _Container(cid, ip="", port=spec.port, memory_mib=spec.memory_mib)
+        staging = cdir / "checkpoint"
+        try:
+            manifest = await asyncio.to_thread(ckpt.unpack, Path(tar), staging)
+            if manifest["base"] != await self._base_identity():
+                raise ckpt.RestoreError(
+                    "the checkpoint was made on a different base root file system (its python and "
+                    "libraries would not match the dumped memory)")
+            rec.port = manifest["port"]
+            names = self.names(cid)
+            rec.ip = self.ipam.claim(cid, self.state_dir, names.netns)
+            self._save(rec)
+            os.rename(staging / ckpt.UPPER, cdir / "upper")
+            # /etc/hosts names the new address; the host name stays (the UTS namespace is restored)
+            write_upper(cdir / "upper", {"/etc/hosts": f"127.0.0.1\tlocalhost\n::1\tlocalhost\n"
+                                                       f"{rec.ip}\t{manifest['hostname']}\n"})
+            for sub in ("work", "rootfs"):
+                (cdir / sub).mkdir()
+            mount_overlay(self._base, cdir / "upper", cdir / "work", cdir / "rootfs")
+            await network.attach(names, self.settings.bridge_name, self.settings.bridge_subnet, rec.ip)
+            await self._forget_neighbor(rec.ip)
+            restored = ContainerSpec(container_id=cid, code_dir=spec.code_dir, sdk_dir=spec.sdk_dir,
+                                     env=manifest["env"], cpu_millicores=spec.cpu_millicores,
+                                     memory_mib=spec.memory_mib, command=tuple(manifest["command"]),
+                                     port=manifest["port"])
+            (cdir / SPEC_FILE).write_text(json.dumps(spec_record(restored)))
+            # mntns-compat-mode for this restore only: CRIU refuses it on a later dump of this one
+            (cdir / CRIU_CONF).write_text(ckpt.restore_config())
+            config = bundle_spec(restored, cdir / "rootfs", network.netns_path(names),
+                                 criu_config=cdir / CRIU_CONF)
+            config["hostname"] = manifest["hostname"]
+            (cdir / "config.json").write_text(json.dumps(config, indent=1))
+            images = staging / ckpt.IMAGES
+            ckpt.make_traversable(images)
+            await self._restore(cid, cdir, images, criu)
+            (cdir / CRIU_CONF).write_text(ckpt.dump_config())
+            rec.pid = int((cdir / "init.pid").read_text())
+            rec.started = _start_time(rec.pid)
+            self._save(rec)
+            await asyncio.to_thread(shutil.rmtree, staging, True)
+        except BaseException as exc:
+            try:
+                await self._undo_restore(cid)
+            except Exception as undo:  # noqa: BLE001 - both go into the one error
+                raise ckpt.RestoreError(f"restoring {cid} failed ({exc}), and removing what it "
+                                              f"made failed too: {undo}") from exc
+            if isinstance(exc, (ckpt.RestoreError, asyncio.CancelledError, KeyboardInterrupt)):
+                raise
+            raise ckpt.RestoreError(f"restoring {cid}: {exc}") from exc
+        self._live[cid] = rec
+        return Started(address=f"http://{rec.ip}:{rec.port}", pid=rec.pid, log_path=self.log_path(cid))
+
+    async def _restore(self, cid: str, cdir: Path, images: Path, criu: CriuInfo) -> None:
+        work = cdir / "restore-work"
+        work.mkdir()
+        log = cdir / "runc.log"
+        # runc joins the netns named in config.json and hands it to CRIU (--inherit-fd
+        # fd[N]:extRootNetNS), matching the `net[inode]:extRootNetNS` external of the dump
+        failed = await self._criu_job(
+            ["--log", str(log), "--log-format", "json", "--criu", str(criu.binary), "restore",
+             "--detach", "--image-path", str(images), "--work-path", str(work), "--bundle", str(cdir),
+             "--pid-file", str(cdir / "init.pid"), cid],
+            work / "restore.log", self.restore_timeout, cid, kill_container=True)
+        if failed is not None:
+            raise ckpt.RestoreError(
+                f"CRIU could not restore {cid}: {failed or _criu_reason(work / 'restore.log', log)}")
+
+    async def _criu_job(self, args: list[str], criu_log: Path, timeout: float, cid: str, *,
+                        kill_container: bool) -> str | None:
+        """Run `runc <args>` (a checkpoint or restore) under a watchdog; None when it succeeded,
+        else "" (read the logs) or why the watchdog killed it.
+
+        Why a watchdog: CRIU 4.2.1 restoring a truncated pages image spins forever in its
+        restorer, logging two lines per turn at runc's fixed log level 4 (18 GB in 10 minutes,
+        seen here). runc and CRIU run in their own session, so the kill reaches CRIU's helpers;
+        for a restore the half-restored tasks in the container's cgroup are killed too."""
+        proc = await asyncio.create_subprocess_exec(
+            self.runc, "--root", str(self.runc_root), *args, stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
+            start_new_session=True)
+        deadline = time.monotonic() + timeout
+        why = "cancelled"
+        try:
+            while True:
+                try:
+                    rc = await asyncio.wait_for(proc.wait(), 0.05)
+                except asyncio.TimeoutError:
+                    pass
+                else:
+                    why = ""
+                    return None if rc == 0 else ""
+                if time.monotonic() > deadline:
+                    why = f"it ran longer than {timeout:.0f} s and was killed"
+                    return why
+                if _size(criu_log) > self.criu_log_limit:
+                    why = f"its log grew past {self.criu_log_limit >> 20} MiB (CRIU looping) and it was killed"
+                    return why
+        finally:
+            if why:  # killed by the watchdog, or we were cancelled: leave nothing running
+                try:
+                    os.killpg(proc.pid, 9)
+                except ProcessLookupError:
+                    pass
+                await proc.wait()
+                if kill_container:
+                    await _kill_cgroup(f"/levers9/{cid}")
+
+    async def _undo_restore(self, cid: str) -> None:
+        """Remove every trace of a failed restore: processes, mounts runc and CRIU left (runc's
+        criu-root bind mount, CRIU's cgroup yard in its work dir: both stay when CRIU is killed),
+        runc state, network, address, files, cgroups."""
+        await _kill_cgroup(f"/levers9/{cid}")
+        await self._runc_cmd("delete", "-f", cid)
+        self._unmount_criu_leftovers(cid)
+        shutil.rmtree(self.runc_root / cid, ignore_errors=True)
+        await self._teardown(cid, keep_log=False)
+        _remove_cgroups(f"/levers9/{cid}")
+
+    def _unmount_criu_leftovers(self, cid: str) -> None:
+        """Mounts a killed runc/CRIU leaves: runc's `<runc root>/<id>/criu-root` bind of the root,
+        CRIU's cgroup yard `.criu.cgyard.*` in its work dir (deepest first)."""
+        for top in (self.container_dir(cid) / "restore-work", self.runc_root / cid):
+            for mount_point in sorted(_mounts_under(top), key=len, reverse=True):
+                _libc.umount2(mount_point.encode(), MNT_DETACH)  # fails only if already gone
+
+    async def _base_identity(self) -> str:
+        """What tells base root file systems apart: the sha256 of their package list."""
+        if self._base_id is None:
+            await self.prepare()
+            assert self._base is not None
+            self._base_id = await asyncio.to_thread(ckpt.file_sha256,
+                                                    self._base / "var/lib/dpkg/status")
+        return self._base_id
+
     # -- helpers --
+
+    async def _forget_neighbor(self, ip: str) -> None:
+        """Drop the host's ARP entry of a reused address: it may still hold the MAC of the
+        previous container's veth as REACHABLE (up to ~45 s), and every packet would go to that
+        dead MAC until it expires (seen: ~10 s before a new container answered)."""
+        await network.ip("neigh", "flush", "to", ip, "dev", self.settings.bridge_name, check=False)
 
     def _save(self, rec: _Container) -> None:
         path = self.container_dir(rec.container_id) / "state.json"
@@ -504,3 +797,91 @@ def _proc_state(pid: int) -> str | None:
             return f.read().rsplit(")", 1)[1].split()[0]
     except (OSError, IndexError):
         return None
+
+
+def _criu_reason(criu_log: Path, runc_log: Path) -> str:
+    """CRIU's own error lines, or runc's when CRIU left no log (it crashed or never ran)."""
+    if criu_log.exists():
+        return ckpt.criu_error(criu_log)
+    return _runc_error(runc_log)
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
+def _mounts_under(top: Path) -> list[str]:
+    prefix = str(top)
+    return [m for m in _mount_points() if m == prefix or m.startswith(prefix + "/")]
+
+
+async def _kill_cgroup(cgroups_path: str, timeout: float = 5) -> None:
+    """SIGKILL every process in the container's cgroup until none is left (thawed first: a frozen
+    task does not die)."""
+    cgroup = memory_cgroup_dir(cgroups_path)
+    if cgroup is None or not cgroup.is_dir():
+        return
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        _thaw(cgroups_path)
+        try:
+            pids = [int(p) for p in (cgroup / "cgroup.procs").read_text().split()]
+        except (OSError, ValueError):
+            return
+        if not pids:
+            return
+        for pid in pids:
+            try:
+                os.kill(pid, 9)
+            except ProcessLookupError:
+                pass
+        await asyncio.sleep(0.02)
+
+
+async def _copy_tree(src: Path, dst: Path) -> None:
+    """A copy keeping owners, modes, times, xattrs (overlay opaque dirs), hard links and
+    whiteouts (char devices 0:0): `cp -a`, which Python's copytree is not."""
+    proc = await asyncio.create_subprocess_exec(
+        "cp", "-a", "--reflink=auto", str(src), str(dst), stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
+    _, err = await proc.communicate()
+    if proc.returncode != 0:
+        raise ckpt.CheckpointError(f"copying the writable layer {src}: {err.decode().strip()}")
+
+
+def _thaw(cgroups_path: str) -> None:
+    """Thaw the container's cgroup (v1 freezer or v2 cgroup.freeze), if it is frozen."""
+    for mount_point, fstype, options in _cgroup_mounts():
+        base = Path(mount_point) / cgroups_path.lstrip("/")
+        try:
+            if fstype == "cgroup" and "freezer" in options.split(","):
+                (base / "freezer.state").write_text("THAWED")
+            elif fstype == "cgroup2" and (base / "cgroup.freeze").exists():
+                (base / "cgroup.freeze").write_text("0")
+        except OSError:
+            pass
+
+
+def _cgroup_mounts() -> list[tuple[str, str, str]]:
+    """(mount point, fstype, super options) of every cgroup hierarchy."""
+    found = []
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            left, _, right = line.partition(" - ")
+            fstype, _source, options = (right.split() + ["", "", ""])[:3]
+            if fstype in ("cgroup", "cgroup2"):
+                found.append((left.split()[4], fstype, options))
+    return found
+
+
+def _remove_cgroups(cgroups_path: str) -> None:
+    """Remove the (empty) cgroup directories of `cgroups_path` in every hierarchy, if any are left."""
+    for mount_point, _, _ in _cgroup_mounts():
+        path = Path(mount_point) / cgroups_path.lstrip("/")
+        try:
+            path.rmdir()
+        except OSError:
+            pass

@@ -24,8 +24,12 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from levers9.runtime.config import Settings
+
+if TYPE_CHECKING:
+    from levers9.worker.checkpoint import CheckpointArtifact
 
 DEFAULT_COMMAND = ("python3", "-m", "levers9.runner")
 CONTAINER_ID = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
@@ -136,6 +140,21 @@ class Runtime(ABC):
     @abstractmethod
     def running(self) -> list[str]:
         """Ids started by this runtime object and not stopped yet."""
+
+    # -- checkpoint/restore: optional (the runc runtime with CRIU has them) --
+
+    @property
+    def checkpoint_ready(self) -> bool:
+        """Whether checkpoint() and restore() can work here now."""
+        return False
+
+    async def checkpoint(self, container_id: str, out_tar: Path) -> "CheckpointArtifact":
+        """Dump the running container into one tar, leaving it running (CheckpointError)."""
+        raise NotImplementedError(f"the {self.name} runtime cannot checkpoint")
+
+    async def restore(self, spec: ContainerSpec, tar: Path) -> Started:
+        """Start `spec.container_id` from a checkpoint tar instead of booting (RestoreError)."""
+        raise NotImplementedError(f"the {self.name} runtime cannot restore a checkpoint")
 
 
 def choose_runtime(settings: Settings, state_dir: Path) -> tuple[Runtime, str]:
