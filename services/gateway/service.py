@@ -613,6 +613,7 @@ class GatewayService(Service):
             return JSONResponse({"detail": f"the container did not answer: {type(exc).__name__}: {exc}"},
                                 status_code=502)
         out_headers = {k: v for k, v in resp.headers.items() if k.lower() not in HOP_BY_HOP}
+        out_headers["x-levers9-container-id"] = slot.container_id  # which container answered
         if resp.content_length is not None and resp.content_length <= 1 << 20:
             try:
                 data = await resp.read()
