@@ -1,6 +1,6 @@
 """The base root file system of runc containers: Debian bookworm (minbase) with python3.
 
-Built once per machine with debootstrap into `<image_cache>/rootfs/bookworm-python3` and shared by
+Built once per machine with debootstrap into `<image_cache>/rootfs/bookworm-python3-sci` and shared by
 every worker of the machine as the read-only lower layer of each container's overlay. The build runs
 in a temporary directory next to the final one and is renamed into place, so a reader sees either
 no root or a complete one; an fcntl lock keeps two workers from building it at the same time.
@@ -21,7 +21,10 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 SUITE = "bookworm"
-BASE_NAME = f"{SUITE}-python3"
+# numpy and pandas (Debian's) are in the base until the image builder exists: the popular imports
+# are what checkpoints pay off on
+PACKAGES = ("python3", "python3-numpy", "python3-pandas")
+BASE_NAME = f"{SUITE}-python3-sci"
 # what containers do not need: package lists, docs, man pages, translations
 STRIP = ("var/lib/apt/lists", "var/cache/apt", "usr/share/doc", "usr/share/man", "usr/share/info",
          "usr/share/locale", "usr/share/lintian")
@@ -150,7 +153,7 @@ def _debootstrap(target: Path, mirror: str, progress: Callable[[str], None]) -> 
         raise RootfsError("debootstrap is not installed (apt-get install debootstrap)")
     progress(f"building the base root file system ({SUITE} + python3) from {mirror}")
     started = time.monotonic()
-    cmd = [exe, "--variant=minbase", "--include=python3", SUITE, str(target), mirror]
+    cmd = [exe, "--variant=minbase", f"--include={','.join(PACKAGES)}", SUITE, str(target), mirror]
     proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     tail: list[str] = []
