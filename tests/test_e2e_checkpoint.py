@@ -8,14 +8,12 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import subprocess
-import sys
-import time
 import tomllib
 from pathlib import Path
 
 import httpx
 import pytest
+from _e2e import cli, wait_until
 from aiobotocore.session import get_session
 
 pytestmark = pytest.mark.slow
@@ -26,22 +24,8 @@ if os.geteuid() != 0:
     pytest.skip("CRIU and runc need root", allow_module_level=True)
 
 
-def cli(env: dict, *args: str, timeout: float = 900, check: bool = True) -> subprocess.CompletedProcess:
-    proc = subprocess.run([sys.executable, "-m", "levers9", *args], env=env, capture_output=True, text=True,
-                          timeout=timeout)
-    if check and proc.returncode != 0:
-        raise AssertionError(f"levers9 {' '.join(args)} exited {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
-    return proc
 
 
-def wait_until(fn, timeout=60.0, every=0.3):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = fn()
-        if value:
-            return value
-        time.sleep(every)
-    raise AssertionError("condition not reached in time")
 
 
 @pytest.fixture(scope="module")

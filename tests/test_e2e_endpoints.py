@@ -21,12 +21,12 @@ from pathlib import Path
 import httpx
 import psutil
 import pytest
+from _e2e import cli, wait_until
 
 from levers9.contracts import envelope
 from levers9.contracts import events as E
 from levers9.runtime.bus import Bus
-from levers9.runtime.config import Settings
-from levers9.runtime.stack import Stack, free_port
+from levers9.runtime.stack import free_port
 
 pytestmark = pytest.mark.slow
 
@@ -37,12 +37,6 @@ if os.geteuid() != 0 or not any(Path(p, "runc").exists() for p in os.environ.get
     pytest.skip("runc containers need root and runc (scripts/setup.sh installs runc)", allow_module_level=True)
 
 
-def cli(env: dict, *args: str, timeout: float = 600, check: bool = True) -> subprocess.CompletedProcess:
-    proc = subprocess.run([sys.executable, "-m", "levers9", *args], env=env, capture_output=True, text=True,
-                          timeout=timeout)
-    if check and proc.returncode != 0:
-        raise AssertionError(f"levers9 {' '.join(args)} exited {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
-    return proc
 
 
 @pytest.fixture(scope="module")
@@ -73,14 +67,6 @@ def api(env: dict, method: str, path: str, token: str | None = None, **kw) -> ht
     return httpx.request(method, p["gateway_url"] + path, headers=headers, timeout=kw.pop("timeout", 120), **kw)
 
 
-def wait_until(fn, timeout=30.0, every=0.2):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = fn()
-        if value:
-            return value
-        time.sleep(every)
-    raise AssertionError("condition not reached in time")
 
 
 @pytest.fixture(scope="module")

@@ -8,8 +8,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import subprocess
-import sys
 import threading
 import time
 import tomllib
@@ -21,6 +19,7 @@ import httpx
 import nats
 import psutil
 import pytest
+from _e2e import cli, wait_until
 
 from levers9.contracts import envelope, uuid7
 from levers9.contracts import events as E
@@ -31,12 +30,6 @@ from levers9.runtime.stack import Stack
 pytestmark = pytest.mark.slow
 
 
-def cli(env: dict, *args: str, timeout: float = 240, check: bool = True) -> subprocess.CompletedProcess:
-    proc = subprocess.run([sys.executable, "-m", "levers9", *args], env=env, capture_output=True, text=True,
-                          timeout=timeout)
-    if check and proc.returncode != 0:
-        raise AssertionError(f"levers9 {' '.join(args)} exited {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
-    return proc
 
 
 def processes_of(home: Path) -> list[psutil.Process]:
@@ -103,14 +96,6 @@ async def _scheduler_row(database_url: str, container_id: str):
         await conn.close()
 
 
-def wait_until(fn, timeout=20.0, every=0.1):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = fn()
-        if value:
-            return value
-        time.sleep(every)
-    raise AssertionError("condition not reached in time")
 
 
 def test_hand_written_json_from_a_plain_nats_client_is_handled_like_the_gateways(stack_env, state):

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import shutil
 import signal
 import subprocess
@@ -17,7 +16,7 @@ import asyncpg
 import nats
 import pytest
 
-from levers9.contracts import Message, encode, envelope, uuid7
+from levers9.contracts import Message, envelope, uuid7
 from levers9.contracts import events as E
 from levers9.runtime.bus import Bus, ConcurrencyConflict
 from levers9.runtime.consumer import OrderedConsumer, WorkConsumer

@@ -97,6 +97,37 @@ class _Pull:
                 pass
 
 
+    async def _loop(self, stop: asyncio.Event, name: str, handle_batch) -> None:
+        """Fetch and hand over batches until stopped; (re)subscribe when there is no subscription,
+        after a reconnect, after an error, or after idling long (nats.py #504)."""
+        idle_since = time.monotonic()
+        failures = 0
+        reconnects = self.bus.reconnects
+        while not stop.is_set():
+            try:
+                if self._sub is None or reconnects != self.bus.reconnects:
+                    reconnects = self.bus.reconnects
+                    await self._drop_sub()
+                    await self._subscribe()
+                    idle_since = time.monotonic()
+                try:
+                    msgs = await self._sub.fetch(self.batch, timeout=1.0)
+                except asyncio.TimeoutError:  # nats.errors.TimeoutError is one too; fetch raises either
+                    if time.monotonic() - idle_since > self.idle_resubscribe_s:
+                        await self._drop_sub()  # silent for long: re-create in case the server lost it
+                    continue
+                idle_since = time.monotonic()
+                await handle_batch([to_delivery(m) for m in msgs])
+                failures = 0
+            except _RESUBSCRIBE as exc:
+                if stop.is_set():
+                    break
+                failures += 1
+                log.warning("consumer %s: %r; re-subscribing", name, exc, exc_info=log.isEnabledFor(logging.DEBUG))
+                await self._drop_sub()
+                await _sleep(stop, backoff(failures))
+
+
 class OrderedConsumer(_Pull):
     def __init__(self, bus: Bus, name: str, filter_subjects: Sequence[str], *,
                  position: Callable[[], Awaitable[int]],
@@ -131,32 +162,7 @@ class OrderedConsumer(_Pull):
         log.info("consumer %s reading from sequence %d", self.name, start)
 
     async def run(self, stop: asyncio.Event) -> None:
-        idle_since = time.monotonic()
-        failures = 0
-        reconnects = self.bus.reconnects
-        while not stop.is_set():
-            try:
-                if self._sub is None or reconnects != self.bus.reconnects:
-                    reconnects = self.bus.reconnects
-                    await self._drop_sub()
-                    await self._subscribe()
-                    idle_since = time.monotonic()
-                try:
-                    msgs = await self._sub.fetch(self.batch, timeout=1.0)
-                except asyncio.TimeoutError:  # nats.errors.TimeoutError is one too; fetch raises either
-                    if time.monotonic() - idle_since > self.idle_resubscribe_s:
-                        await self._drop_sub()  # silent for long: re-create in case the server lost it (#504)
-                    continue
-                idle_since = time.monotonic()
-                await self._process([to_delivery(m) for m in msgs], stop)
-                failures = 0
-            except _RESUBSCRIBE as exc:
-                if stop.is_set():
-                    break
-                failures += 1
-                log.warning("consumer %s: %s; re-subscribing", self.name, repr(exc), exc_info=log.isEnabledFor(logging.DEBUG))
-                await self._drop_sub()
-                await _sleep(stop, backoff(failures))
+        await self._loop(stop, self.name, lambda batch: self._process(batch, stop))
         await self._unsubscribe()
 
     async def _unsubscribe(self) -> None:
@@ -245,33 +251,11 @@ class WorkConsumer(_Pull):
         self._sub = await js.pull_subscribe_bind(durable=self.durable, stream=subjects.STREAM)
 
     async def run(self, stop: asyncio.Event) -> None:
-        idle_since = time.monotonic()
-        failures = 0
-        reconnects = self.bus.reconnects
-        while not stop.is_set():
-            try:
-                if self._sub is None or reconnects != self.bus.reconnects:
-                    reconnects = self.bus.reconnects
-                    await self._drop_sub()
-                    await self._subscribe()
-                    idle_since = time.monotonic()
-                try:
-                    msgs = await self._sub.fetch(self.batch, timeout=1.0)
-                except asyncio.TimeoutError:  # nats.errors.TimeoutError is one too; fetch raises either
-                    if time.monotonic() - idle_since > self.idle_resubscribe_s:
-                        await self._drop_sub()
-                    continue
-                idle_since = time.monotonic()
-                for m in msgs:  # one at a time: finish the message in hand before stopping
-                    await self._one(to_delivery(m))
-                failures = 0
-            except _RESUBSCRIBE as exc:
-                if stop.is_set():
-                    break
-                failures += 1
-                log.warning("consumer %s: %s; re-subscribing", self.durable, repr(exc))
-                await self._drop_sub()
-                await _sleep(stop, backoff(failures))
+        async def one_by_one(batch: list[Delivery]) -> None:
+            for d in batch:  # one at a time: finish the message in hand before stopping
+                await self._one(d)
+
+        await self._loop(stop, self.durable, one_by_one)
         await self._drop_sub()
 
     async def _one(self, d: Delivery) -> None:
