@@ -169,8 +169,15 @@ def test_sigkill_of_the_worker_holding_a_pending_call_gets_it_served_elsewhere(e
 
     caller = threading.Thread(target=call)
     caller.start()
-    placed = wait_until(lambda: [c for c in containers(env) if c.get("deployment_name") == "slow"
-                                 and c["status"] in ("scheduled", "starting") and c["worker_id"]], timeout=60)
+    try:
+        placed = wait_until(lambda: [c for c in containers(env) if c.get("deployment_name") == "slow"
+                                     and c["status"] in ("scheduled", "starting") and c["worker_id"]], timeout=60)
+    except AssertionError:
+        caller.join(timeout=1)
+        raise AssertionError(f"the slow call's container was never placed: call={result.get('response')!r} "
+                             f"{getattr(result.get('response'), 'text', '')[:500]} containers="
+                             f"{[c for c in containers(env, all_=True) if c.get('deployment_name') == 'slow']} "
+                             f"workers={api(env, 'GET', '/api/v1/workers').json()}") from None
     victim = placed[0]["worker_id"]
     pid = worker_pid(home, victim)
     os.kill(pid, signal.SIGKILL)
