@@ -165,15 +165,30 @@ def wait_quiet(stack: Stack) -> None:
     time.sleep(0.2)
 
 
-def one_call(stack: Stack, name: str) -> dict:
-    wait_quiet(stack)
-    sent = time.time()
-    t0 = time.perf_counter()
-    r = stack.http.post(f"/endpoint/{name}", json={})
-    total_ms = (time.perf_counter() - t0) * 1000
-    if r.status_code != 200:
-        raise RuntimeError(f"{name} answered {r.status_code}: {r.text[:500]}")
-    return {"endpoint": name, "container_id": r.headers["x-levers9-container-id"], "sent": sent,
+FAILED: list[dict] = []  # calls answered 502 (then made again), with why
+
+
+def one_call(stack: Stack, name: str, kind: str = "", attempts: int = 3, prepare=None) -> dict:
+    """One call after a quiet wait. A 502 (the container went away before the gateway reached it) is
+    recorded in FAILED and the call is made again, up to `attempts` times. `prepare()` runs just
+    before each attempt."""
+    for attempt in range(attempts):
+        wait_quiet(stack)
+        if prepare is not None:
+            prepare()
+        sent = time.time()
+        t0 = time.perf_counter()
+        r = stack.http.post(f"/endpoint/{name}", json={})
+        total_ms = (time.perf_counter() - t0) * 1000
+        if r.status_code == 200:
+            break
+        if r.status_code != 502 or attempt == attempts - 1:
+            raise RuntimeError(f"{name} answered {r.status_code}: {r.text[:500]}")
+        FAILED.append({"endpoint": name, "kind": kind, "status": r.status_code, "total_ms": round(total_ms, 1),
+                       "container_id": r.headers.get("x-levers9-container-id", ""), "detail": r.text[:500],
+                       "at": sent})
+        log(f"{name} ({kind}) answered 502 after {total_ms:.0f} ms: {r.text[:200]}; calling again")
+    return {"endpoint": name, "kind": kind, "container_id": r.headers["x-levers9-container-id"], "sent": sent,
             "received": sent + total_ms / 1000, "total_ms": total_ms, "body": r.json()}
 
 
@@ -373,8 +388,7 @@ def main() -> None:
             stack.deploy(APP.replace("__ROWS__", str(args.rows)), "bench_restore_app")
 
             # the first call of bench-restore: cold, fills the code cache, and its container is dumped
-            first = one_call(stack, MAIN)
-            first["kind"] = "first (cold, dumped)"
+            first = one_call(stack, MAIN, "first (cold, dumped)")
             dep_id = api(stack, "GET", f"/api/v1/containers/{first['container_id']}").json()["deployment_id"]
             ck = wait_available(stack, dep_id, set())
             log(f"first call {first['total_ms']:.0f} ms (on_start {first['body']['on_start_s']} s in the "
@@ -390,19 +404,16 @@ def main() -> None:
             shutil.copyfile(blob, tmp_tar_dir / "checkpoint.tar")
             sha_ms = sha_check_ms(tmp_tar_dir / "checkpoint.tar", sha)
             log(f"sha256 check of the tar (tar_is_valid): {sha_ms} ms")
-            warm_twin = one_call(stack, TWIN)  # not counted: the first start of the twin
-            warm_twin["kind"] = "first of the twin (not counted)"
+            warm_twin = one_call(stack, TWIN, "first of the twin (not counted)")
             calls.append(warm_twin)
             code_dir = next(p for p in (stack.worker_dir() / "code").iterdir() if p.is_dir() and ".tmp" not in p.name)
             bare = Bare(tmp_tar_dir / "state", tmp_tar_dir / "checkpoint.tar", code_dir, memory_mib=1024,
                         cpu_millicores=1000)
 
             for i in range(args.calls):
-                c = one_call(stack, TWIN)
-                c["kind"] = "cold"
+                c = one_call(stack, TWIN, "cold")
                 calls.append(c)
-                r = one_call(stack, MAIN)
-                r["kind"] = "restored"
+                r = one_call(stack, MAIN, "restored")
                 r["blob_present_before"] = True
                 calls.append(r)
                 line = f"round {i + 1}/{args.calls}: cold {c['total_ms']:.0f} ms, restored {r['total_ms']:.0f} ms"
@@ -417,12 +428,14 @@ def main() -> None:
                 bare_runs.append(bare.restore_once(nonce))
 
             for i in range(args.s3_calls):
-                wait_quiet(stack)
-                blob.unlink(missing_ok=True)
-                before = cache_stats(cache_url)
-                r = one_call(stack, MAIN)
+                before: dict = {}
+
+                def drop_blob() -> None:
+                    blob.unlink(missing_ok=True)
+                    before.clear()
+                    before.update(cache_stats(cache_url))
+                r = one_call(stack, MAIN, "restored_s3", prepare=drop_blob)
                 after = cache_stats(cache_url)
-                r["kind"] = "restored_s3"
                 r["cache_delta"] = {k: after.get(k, 0) - before.get(k, 0) for k in ("hits", "misses", "fills_s3")
                                     if isinstance(after.get(k), int)}
                 calls.append(r)
@@ -439,8 +452,7 @@ def main() -> None:
                     if time.monotonic() > deadline:
                         raise RuntimeError("a deleted checkpoint is still available after 30 s")
                     time.sleep(0.1)
-                d = one_call(stack, MAIN)
-                d["kind"] = "cold_after_delete"
+                d = one_call(stack, MAIN, "cold_after_delete")
                 calls.append(d)
                 new = wait_available(stack, dep_id, seen)
                 seen.add(new["checkpoint_id"])
@@ -467,6 +479,19 @@ def main() -> None:
                 c["phases"] = phases(c, events.get(c["container_id"], []),
                                      birth_time(logs / f"{c['container_id']}.log"))
             cache_final = cache_stats(cache_url)
+            answered = {c["container_id"] for c in calls}
+            for f in FAILED:  # what happened to the container the gateway could not reach
+                if not f["container_id"]:  # a 502 names no container: the one requested during that call
+                    f["container_id"] = next(
+                        (cid for cid, evs in events.items() if cid and cid not in answered and evs
+                         and f["at"] <= ts(evs[0]["occurred_at"]) <= f["at"] + f["total_ms"] / 1000), "")
+                evs = events.get(f["container_id"], [])
+                at = {e["type"]: ts(e["occurred_at"]) for e in evs}
+                f["events"] = [{"type": e["type"], "occurred_at": e["occurred_at"],
+                                **{k: v for k, v in e["data"].items() if k in ("reason", "note", "address")}}
+                               for e in evs]
+                if {"ContainerReady", "ContainerStopped"} <= at.keys():
+                    f["ready_to_stopped_ms"] = round((at["ContainerStopped"] - at["ContainerReady"]) * 1000, 1)
         finally:
             if bare is not None:
                 bare.close()
@@ -545,6 +570,10 @@ def main() -> None:
           f"(target <= {TARGET_PLATFORM_OVER_BARE:.0f}x): "
           f"{verdict(platform_over_bare, TARGET_PLATFORM_OVER_BARE, higher_is_better=False)}")
     print(f"run took {measured_s:.0f} s (stack up to last call)")
+    for f in FAILED:
+        print(f"502 ({f['kind']}): container {f['container_id']}: Ready -> Stopped "
+              f"{f.get('ready_to_stopped_ms')} ms; " + "; ".join(
+                  f"{e['type']} {e.get('reason', '')}".strip() for e in f.get("events", [])))
 
     write_results("restore", {
         "app": f"numpy + pandas; on_start builds a DataFrame of {args.rows} rows (int id, string key, 2 floats), "
@@ -565,7 +594,7 @@ def main() -> None:
                      "platform_over_bare": verdict(platform_over_bare, TARGET_PLATFORM_OVER_BARE,
                                                    higher_is_better=False)},
         "phases": stats, "bare": {"stats": bare_stats, "runs": bare_runs},
-        "dumps": dumps, "not_restored": [{"container_id": c["container_id"], "kind": c["kind"], "note": c["note"]}
+        "dumps": dumps, "failed_calls": FAILED, "not_restored": [{"container_id": c["container_id"], "kind": c["kind"], "note": c["note"]}
                                          for c in wrong],
         "node_cache_stats_end": cache_final,
         "calls": [{k: v for k, v in c.items() if k not in ("sent", "received")} for c in calls],
