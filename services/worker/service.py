@@ -460,7 +460,9 @@ class WorkerService(Service):
             status = (await client.get(f"{c.address}/_levers9/status")).json()
         except (httpx.HTTPError, ValueError):
             return
-        last = status.get("last_request_at") or c.ready_at
+        # a restored runner remembers the requests of the container it was dumped from: idle time
+        # counts from this container's own ready time at the earliest
+        last = max(status.get("last_request_at") or 0, c.ready_at)
         if status.get("inflight", 0) == 0 and time.time() - last >= c.keep_warm_seconds:
             await self.stop_container(c, f"idle for {c.keep_warm_seconds} s (scale to zero)")
 
