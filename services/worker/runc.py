@@ -49,6 +49,7 @@ from levers9.worker.criu import CriuInfo, ensure_criu
 from levers9.worker.runtime import (ContainerError, ContainerSpec, Exit, Progress, Runtime, Started,
                                     _start_time, exit_of)
 
+KEEP_UNPACKED = 3  # checkpoints kept unpacked per worker for fast restores
 LOG_DIR = "/var/log/levers9"
 LOG_FILE = f"{LOG_DIR}/container.log"
 EXIT_FILE = f"{LOG_DIR}/exit-status"
@@ -610,9 +611,8 @@ class RuncRuntime(Runtime):
         self._ended.pop(cid, None)
         self._exited.pop(cid, None)
         rec = _Container(cid, ip="", port=spec.port, memory_mib=spec.memory_mib)
-        staging = cdir / "checkpoint"
         try:
-            manifest = await asyncio.to_thread(ckpt.unpack, Path(tar), staging)
+            template, manifest = await self._unpacked(Path(tar))
             if manifest["base"] != await self._base_identity():
                 raise ckpt.RestoreError(
                     "the checkpoint was made on a different base root file system (its python and "
@@ -621,7 +621,8 @@ class RuncRuntime(Runtime):
             names = self.names(cid)
             rec.ip = self.ipam.claim(cid, self.state_dir, names.netns)
             self._save(rec)
-            os.rename(staging / ckpt.UPPER, cdir / "upper")
+            # the writable layer is this container's own copy; the images are read in place
+            await _run_checked(["cp", "-a", str(template / ckpt.UPPER), str(cdir / "upper")])
             # /etc/hosts names the new address; the host name stays (the UTS namespace is restored)
             write_upper(cdir / "upper", {"/etc/hosts": f"127.0.0.1\tlocalhost\n::1\tlocalhost\n"
                                                        f"{rec.ip}\t{manifest['hostname']}\n"})
@@ -641,14 +642,11 @@ class RuncRuntime(Runtime):
                                  criu_config=cdir / CRIU_CONF)
             config["hostname"] = manifest["hostname"]
             (cdir / "config.json").write_text(json.dumps(config, indent=1))
-            images = staging / ckpt.IMAGES
-            ckpt.make_traversable(images)
-            await self._restore(cid, cdir, images, criu)
+            await self._restore(cid, cdir, template / ckpt.IMAGES, criu)
             (cdir / CRIU_CONF).write_text(ckpt.dump_config())
             rec.pid = int((cdir / "init.pid").read_text())
             rec.started = _start_time(rec.pid)
             self._save(rec)
-            await asyncio.to_thread(shutil.rmtree, staging, True)
         except BaseException as exc:
             try:
                 await self._undo_restore(cid)
@@ -660,6 +658,32 @@ class RuncRuntime(Runtime):
             raise ckpt.RestoreError(f"restoring {cid}: {exc}") from exc
         self._live[cid] = rec
         return Started(address=f"http://{rec.ip}:{rec.port}", pid=rec.pid, log_path=self.log_path(cid))
+
+    async def _unpacked(self, tar: Path) -> tuple[Path, dict]:
+        """The checkpoint unpacked once per worker and kept (`<state>/unpacked/<tar name>`): the
+        images are read in place by every restore of it, so a restore no longer unpacks hundreds of
+        MB first. The newest KEEP_UNPACKED stay; a half-unpacked one is never used (rename)."""
+        root = self.state_dir / "unpacked"
+        st = tar.stat()  # the node cache names blobs by sha256; size and mtime tell other tars apart
+        final = root / f"{tar.name}-{st.st_size}-{st.st_mtime_ns}"
+        if not (final / "manifest.json").exists():
+            root.mkdir(parents=True, exist_ok=True)
+            staging = root / f".{final.name}.{uuid.uuid4().hex[:8]}"
+            try:
+                manifest = await asyncio.to_thread(ckpt.unpack, tar, staging)
+                ckpt.make_traversable(staging / ckpt.IMAGES)
+                (staging / "manifest.json").write_text(json.dumps(manifest))
+                try:
+                    os.rename(staging, final)
+                except OSError:  # unpacked meanwhile by a concurrent restore of the same tar
+                    pass
+            finally:
+                shutil.rmtree(staging, ignore_errors=True)
+            for old in sorted((d for d in root.iterdir() if not d.name.startswith(".")),
+                              key=lambda d: d.stat().st_mtime, reverse=True)[KEEP_UNPACKED:]:
+                shutil.rmtree(old, ignore_errors=True)
+        os.utime(final)
+        return final, json.loads((final / "manifest.json").read_text())
 
     async def _restore(self, cid: str, cdir: Path, images: Path, criu: CriuInfo) -> None:
         work = cdir / "restore-work"
@@ -885,3 +909,11 @@ def _remove_cgroups(cgroups_path: str) -> None:
             path.rmdir()
         except OSError:
             pass
+
+
+async def _run_checked(cmd: list[str]) -> None:
+    proc = await asyncio.create_subprocess_exec(*cmd, stdout=asyncio.subprocess.DEVNULL,
+                                                stderr=asyncio.subprocess.PIPE)
+    _, err = await proc.communicate()
+    if proc.returncode != 0:
+        raise ckpt.RestoreError(f"{' '.join(cmd[:2])} failed: {err.decode(errors='replace').strip()}")
