@@ -664,8 +664,11 @@ class RuncRuntime(Runtime):
         images are read in place by every restore of it, so a restore no longer unpacks hundreds of
         MB first. The newest KEEP_UNPACKED stay; a half-unpacked one is never used (rename)."""
         root = self.state_dir / "unpacked"
-        st = tar.stat()  # the node cache names blobs by sha256; size and mtime tell other tars apart
-        final = root / f"{tar.name}-{st.st_size}-{st.st_mtime_ns}"
+        if len(tar.name) == 64 and all(ch in "0123456789abcdef" for ch in tar.name):
+            final = root / tar.name  # a node-cache blob: named by its sha256 (its mtime moves on use)
+        else:  # any other tar: size and mtime tell versions apart
+            st = tar.stat()
+            final = root / f"{tar.name}-{st.st_size}-{st.st_mtime_ns}"
         if not (final / "manifest.json").exists():
             root.mkdir(parents=True, exist_ok=True)
             staging = root / f".{final.name}.{uuid.uuid4().hex[:8]}"
