@@ -97,6 +97,18 @@ class _Pull:
                 pass
 
 
+    async def _next_batch(self) -> list[Msg]:
+        """Wait for one message, then take what else is there already. (nats-py's fetch(n) keeps
+        waiting for n messages until its timeout once one has arrived: on a quiet stream that
+        would hold a lone event for up to the whole timeout.)"""
+        msgs = await self._sub.fetch(1, timeout=1.0)
+        if self.batch > 1:
+            try:
+                msgs += await self._sub.fetch(self.batch - 1, timeout=0.01)
+            except asyncio.TimeoutError:
+                pass
+        return msgs
+
     async def _loop(self, stop: asyncio.Event, name: str, handle_batch) -> None:
         """Fetch and hand over batches until stopped; (re)subscribe when there is no subscription,
         after a reconnect, after an error, or after idling long (nats.py #504)."""
@@ -111,7 +123,7 @@ class _Pull:
                     await self._subscribe()
                     idle_since = time.monotonic()
                 try:
-                    msgs = await self._sub.fetch(self.batch, timeout=1.0)
+                    msgs = await self._next_batch()
                 except asyncio.TimeoutError:  # nats.errors.TimeoutError is one too; fetch raises either
                     if time.monotonic() - idle_since > self.idle_resubscribe_s:
                         await self._drop_sub()  # silent for long: re-create in case the server lost it
