@@ -783,6 +783,12 @@ class Stack:
             services = list(dict.fromkeys(n for n in (*SERVICES, *state["components"])
                                           if n not in SERVERS))
             self._stop_services(services, self.stop_timeout, progress)
+            # workers the pool controller started have no pid file: stop them gracefully too, while
+            # NATS still runs, so they stop their containers and say so
+            extra = [p.pid for p in self._strays(tuple(services))]
+            if extra:
+                progress(f"stopping {len(extra)} worker(s) the pool controller started")
+                _terminate_all(extra, signal.SIGTERM, self.stop_timeout)
             for name in ("s3", "nats", "postgres"):
                 self._stop_server(name, progress)
             for proc in self._strays((*SERVERS, *services)):
