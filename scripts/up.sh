@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The main job on a fresh machine: set up, start levers9 (NATS, PostgreSQL, S3 and the six services),
-# then a first look: status, a container requested through the REST gateway, and its events.
+# then a first look: status, the hello endpoint deployed and called through the REST gateway (it
+# runs in a runc container), the containers and the events of that call.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -15,14 +16,18 @@ echo
 echo "== levers9 status --json"
 $L9 status --json
 echo
-echo "== POST $gateway/api/v1/containers (a request, as a developer's tool would send it)"
-reply=$(curl -sf -X POST -H "Authorization: Bearer $token" -H 'Content-Type: application/json' \
-  -d '{"cpu": 0.5, "memory": 256}' "$gateway/api/v1/containers")
-echo "$reply"
-corr=$(echo "$reply" | .venv/bin/python -c 'import json,sys; print(json.load(sys.stdin)["correlation_id"])')
-sleep 1
+echo "== levers9 deploy examples/hello.py"
+$L9 deploy examples/hello.py
 echo
-echo "== levers9 events replay --correlation-id $corr"
-$L9 events replay --correlation-id "$corr"
+echo "== POST $gateway/endpoint/hello (the first call starts a runc container)"
+curl -sf -X POST -H "Authorization: Bearer $token" -H 'Content-Type: application/json' \
+  -d '{"name": "levers9"}' "$gateway/endpoint/hello"
+echo
+echo
+echo "== levers9 containers list"
+$L9 containers list
+echo
+echo "== levers9 events replay --aggregate container (what happened)"
+$L9 events replay --aggregate container | tail -n 12
 echo
 echo "levers9 is running. Try: $L9 events tail   |   $L9 status   |   $L9 down"

@@ -57,6 +57,7 @@ class Bus:
         self.nc = nc
         self.js = js
         self.reconnects = 0  # consumers re-create their subscriptions when this moves (nats.py #504)
+        self.closing = False
 
     @classmethod
     async def connect(cls, url: str, name: str = "levers9") -> "Bus":
@@ -66,7 +67,8 @@ class Bus:
             log.warning("nats error: %s", exc)
 
         async def on_disconnect() -> None:
-            log.warning("nats disconnected; reconnecting")
+            if bus is None or not bus.closing:  # our own close is not news
+                log.warning("nats disconnected; reconnecting")
 
         async def on_reconnect() -> None:
             log.info("nats reconnected")
@@ -80,6 +82,7 @@ class Bus:
         return bus
 
     async def close(self) -> None:
+        self.closing = True
         if not self.nc.is_closed:
             try:
                 await self.nc.drain()
