@@ -248,25 +248,10 @@ def _build(root: Path, progress: Progress) -> None:
 
 
 def _debootstrap(target: Path, mirror: str, progress: Progress) -> None:
-    exe = shutil.which("debootstrap", path=os.environ.get("PATH", "") + SEARCH_PATH)
-    if not exe:
-        raise rootfs.RootfsError("debootstrap is not installed (apt-get install debootstrap)")
     # the mirror serving this machine's release serves the newer suites too (same archive)
     progress(f"building a private Debian {SUITE} root with CRIU from {mirror} (once per machine)")
     started = time.monotonic()
-    cmd = [exe, "--variant=minbase", "--include=criu", SUITE, str(target), mirror]
-    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
-    tail: list[str] = []
-    assert proc.stdout is not None
-    for line in proc.stdout:
-        line = line.rstrip()
-        tail = (tail + [line])[-20:]
-        if line.startswith(("I: Retrieving Release", "I: Validating Packages", "I: Installing",
-                            "I: Base system", "E:", "W:")):
-            progress(line)
-    if proc.wait() != 0:
-        raise rootfs.RootfsError(f"debootstrap {SUITE} failed ({proc.returncode}): " + "\n".join(tail))
+    rootfs.debootstrap(SUITE, ("criu",), target, mirror, progress)
     progress(f"private Debian {SUITE} root built in {time.monotonic() - started:.0f} s")
 
 

@@ -148,12 +148,20 @@ def _try_lock(lock) -> bool:
 
 
 def _debootstrap(target: Path, mirror: str, progress: Callable[[str], None]) -> None:
-    exe = shutil.which("debootstrap", path=os.environ.get("PATH", "") + ":/usr/sbin:/sbin")
-    if not exe:
-        raise RootfsError("debootstrap is not installed (apt-get install debootstrap)")
     progress(f"building the base root file system ({SUITE} + python3) from {mirror}")
     started = time.monotonic()
-    cmd = [exe, "--variant=minbase", f"--include={','.join(PACKAGES)}", SUITE, str(target), mirror]
+    debootstrap(SUITE, PACKAGES, target, mirror, progress)
+    progress(f"base root file system built in {time.monotonic() - started:.0f} s")
+
+
+def debootstrap(suite: str, packages: tuple[str, ...], target: Path, mirror: str,
+                progress: Callable[[str], None]) -> None:
+    """A Debian minbase root of `suite` with `packages` in `target`, debootstrap's steps reported
+    through `progress`; RootfsError with the tail of its output when it fails."""
+    exe = shutil.which("debootstrap", path=os.environ.get("PATH", "") + ":/usr/local/sbin:/usr/sbin:/sbin")
+    if not exe:
+        raise RootfsError("debootstrap is not installed (apt-get install debootstrap)")
+    cmd = [exe, "--variant=minbase", f"--include={','.join(packages)}", suite, str(target), mirror]
     proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     tail: list[str] = []
@@ -165,8 +173,7 @@ def _debootstrap(target: Path, mirror: str, progress: Callable[[str], None]) -> 
                             "I: Configuring", "I: Base system", "E:", "W:")):
             progress(line)
     if proc.wait() != 0:
-        raise RootfsError(f"debootstrap failed ({proc.returncode}): " + "\n".join(tail))
-    progress(f"base root file system built in {time.monotonic() - started:.0f} s")
+        raise RootfsError(f"debootstrap {suite} failed ({proc.returncode}): " + "\n".join(tail))
 
 
 def _strip(root: Path) -> None:

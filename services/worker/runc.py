@@ -325,17 +325,22 @@ class RuncRuntime(Runtime):
 
     # -- start --
 
-    async def start(self, spec: ContainerSpec) -> Started:
+    async def _new_container_dir(self, cid: str, error: type[Exception]) -> Path:
+        """The directory of a new container (start or restore); `error` if the id is taken."""
         await self.prepare()
         assert self._base is not None
-        cid = spec.container_id
         cdir = self.container_dir(cid)
         try:
             cdir.mkdir()
         except FileExistsError:
-            raise ContainerError(f"container {cid} exists already (stop it first)") from None
+            raise error(f"container {cid} exists already (stop it first)") from None
         self._ended.pop(cid, None)
         self._exited.pop(cid, None)
+        return cdir
+
+    async def start(self, spec: ContainerSpec) -> Started:
+        cid = spec.container_id
+        cdir = await self._new_container_dir(cid, ContainerError)
         rec = _Container(cid, ip="", port=spec.port, memory_mib=spec.memory_mib)
         try:
             names = self.names(cid)
@@ -600,16 +605,8 @@ class RuncRuntime(Runtime):
         criu = self._criu
         if criu is None:
             raise ckpt.RestoreError("checkpoints are off here: no working CRIU (use_criu was not called)")
-        await self.prepare()
-        assert self._base is not None
         cid = spec.container_id
-        cdir = self.container_dir(cid)
-        try:
-            cdir.mkdir()
-        except FileExistsError:
-            raise ckpt.RestoreError(f"container {cid} exists already (stop it first)") from None
-        self._ended.pop(cid, None)
-        self._exited.pop(cid, None)
+        cdir = await self._new_container_dir(cid, ckpt.RestoreError)
         rec = _Container(cid, ip="", port=spec.port, memory_mib=spec.memory_mib)
         try:
             template, manifest = await self._unpacked(Path(tar))
