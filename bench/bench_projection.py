@@ -68,13 +68,8 @@ class Projector:
 
     def __init__(self, bus: Bus, pool: asyncpg.Pool, batch: int, variant: str = "library") -> None:
         schema = "bench_" + uuid7().replace("-", "")[-12:]
-        if variant == "library":
-            self.view = ContainersView()
-            self.store = ProjectionStore(pool, schema, [self.view])
-        else:  # prototypes of proposed library changes (bench/_proposed.py), to show what they buy
-            from _proposed import BatchedContainersView, BatchedStore
-            self.view = BatchedContainersView()
-            self.store = BatchedStore(pool, schema, [self.view], sync_commit=variant != "proposed-async-commit")
+        self.view = ContainersView()
+        self.store = ProjectionStore(pool, schema, [self.view])
         self.bus = bus
         self.batch = batch
         self.applied_seq = 0
@@ -385,14 +380,13 @@ if __name__ == "__main__":
                          "drop below 0.3 cores (0: don't wait)")
     ap.add_argument("--rounds", type=int, default=1, help="run everything this many times; medians reported")
     ap.add_argument("--variants", default="library",
-                    help="comma-separated, run alternately: library (the code as it is: the figures of record), "
-                         "proposed, proposed-async-commit (prototypes of the changes suggested in "
-                         "bench/README.md, from bench/_proposed.py)")
+                    help="library (the code as it is). The prototypes once compared with it (batched "
+                         "statements, async commit) are in the library now, so it is the only variant")
     ap.add_argument("--name", help="results file name (bench/results/NAME.json); default bench_projection, "
                                    "or bench_projection_ab when a variant other than library is run")
     a = ap.parse_args()
     for v in a.variants.split(","):
-        if v.strip() not in ("library", "proposed", "proposed-async-commit"):
+        if v.strip() != "library":
             ap.error(f"unknown variant {v!r}")
     a.name = a.name or ("bench_projection" if a.variants == "library" else "bench_projection_ab")
     started = time.perf_counter()

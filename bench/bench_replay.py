@@ -74,8 +74,6 @@ def make_log(n: int) -> list:
 
 async def time_reader(url: str, decode_too: bool, variant: str = "library") -> tuple[int, float]:
     reader = read
-    if variant == "proposed":  # the prototype of the proposed reader (bench/_proposed.py)
-        from _proposed import read_push as reader
     bus = await Bus.connect(url, name="levers9-bench-reader")
     try:
         count = 0
@@ -93,8 +91,7 @@ async def time_reader(url: str, decode_too: bool, variant: str = "library") -> t
 def time_cli(url: str, home: Path, args: list[str], variant: str = "library",
              out_path: str = os.devnull) -> tuple[int, float]:
     env = {**os.environ, "LEVERS9_NATS_URL": url, "LEVERS9_HOME": str(home), "COLUMNS": "250"}
-    # the real CLI; with --variant proposed the same CLI with the prototype reader swapped in
-    entry = ["-m", "levers9"] if variant == "library" else [str(Path(__file__).resolve().parent / "_cli_proposed.py")]
+    entry = ["-m", "levers9"]  # the real CLI
     t0 = time.perf_counter()
     with open(out_path, "wb") as out:
         proc = subprocess.run([sys.executable, *entry, "events", "replay", *args], stdout=out,
@@ -215,14 +212,13 @@ if __name__ == "__main__":
                     help="before measuring, wait up to this many seconds for other load on the machine to "
                          "drop below 0.3 cores (0: don't wait)")
     ap.add_argument("--variants", default="library",
-                    help="comma-separated, run alternately: library (the code as it is: the figures of record), "
-                         "proposed (the reader swapped for the prototype read_push in bench/_proposed.py, "
-                         "in-process and in the CLI)")
+                    help="library (the code as it is). The push-based reader once compared with it as a "
+                         "prototype is in the library now, so it is the only variant")
     ap.add_argument("--name", help="results file name (bench/results/NAME.json); default bench_replay, "
                                    "or bench_replay_ab when a variant other than library is run")
     a = ap.parse_args()
     for v in a.variants.split(","):
-        if v.strip() not in ("library", "proposed"):
+        if v.strip() != "library":
             ap.error(f"unknown variant {v!r}")
     a.name = a.name or ("bench_replay" if a.variants == "library" else "bench_replay_ab")
     started = time.perf_counter()
