@@ -11,6 +11,8 @@ from typing import ClassVar, Union
 
 import msgspec
 
+from .spec import CheckpointRef, DeploymentSpec, Resources
+
 
 class Event(msgspec.Struct, frozen=True, kw_only=True, tag=True, tag_field="type"):
     AGGREGATE: ClassVar[str] = ""
@@ -30,32 +32,14 @@ class Event(msgspec.Struct, frozen=True, kw_only=True, tag=True, tag_field="type
 # ---- deployments -------------------------------------------------------------------------------
 
 class DeploymentCreated(Event, frozen=True, kw_only=True):
+    """Version 2: everything the deployment asks for is one typed `spec` (v1 had flat fields)."""
     AGGREGATE = "deployment"
     ID_FIELD = "deployment_id"
+    VERSION = 2
     deployment_id: str
     name: str
     version: int = 1
-    kind: str = "endpoint"  # endpoint | asgi | function | task
-    handler: str = ""  # module:function
-    image: str = ""
-    cpu_millicores: int = 1000
-    memory_mib: int = 1024
-    gpu: list[str] = []
-    gpu_count: int = 0
-    keep_warm_seconds: int = 60
-    min_containers: int = 0
-    max_containers: int = 1
-    concurrency: int = 1
-    timeout_seconds: int = 180
-    checkpoint_enabled: bool = False
-    pool: str = "default"
-    env: dict[str, str] = {}
-    secrets: list[str] = []
-    module: str = ""  # the app file's module name inside the code archive
-    on_start: str = ""  # name of the on_start function, if any
-    code_sha256: str = ""  # the code archive (tar.gz) in the workspace's bucket
-    code_key: str = ""
-    app_name: str = ""
+    spec: DeploymentSpec
 
 
 class DeploymentStopped(Event, frozen=True, kw_only=True):
@@ -85,35 +69,47 @@ class DeploymentCheckpointClaimed(Event, frozen=True, kw_only=True):
 # ---- containers --------------------------------------------------------------------------------
 
 class ContainerRequested(Event, frozen=True, kw_only=True):
-    """Version 2: cpu in millicores and memory in MiB (v1 had `cpu` in cores and `memory` in MiB)."""
+    """Version 3: `resources` (millicores, MiB, GPUs), the deployment's `spec` and the `checkpoint`
+    to restore travel typed (v2 had flat resource fields, a checkpoint id and its accelerator)."""
+    AGGREGATE = "container"
+    ID_FIELD = "container_id"
+    VERSION = 3
+    container_id: str
+    deployment_id: str = ""
+    deployment_version: int = 0
+    resources: Resources = Resources()
+    pool: str = "default"
+    spec: DeploymentSpec | None = None  # what to run; None for a bare container request
+    checkpoint: CheckpointRef | None = None  # restore this one when a worker can
+    reason: str = ""
+    attempt: int = 1  # > 1 when re-requested after its worker was lost
+    excluded_workers: list[str] = []
+    note: str = ""  # why it starts cold, when it does (shown by `levers9 containers list`)
+
+    @property
+    def checkpoint_id(self) -> str:
+        return self.checkpoint.checkpoint_id if self.checkpoint else ""
+
+
+class ContainerScheduled(Event, frozen=True, kw_only=True):
+    """Version 2: carries what the worker needs to start the container (the spec, the resources
+    reserved for it, the checkpoint to restore), so the worker reads nothing else to start it."""
     AGGREGATE = "container"
     ID_FIELD = "container_id"
     VERSION = 2
     container_id: str
-    deployment_id: str = ""
-    image: str = ""
-    cpu_millicores: int = 1000
-    memory_mib: int = 1024
-    gpu: list[str] = []  # acceptable GPU types in order of preference; empty: no GPU
-    gpu_count: int = 0
-    pool: str = "default"
-    checkpoint_id: str = ""
-    reason: str = ""
-    deployment_version: int = 0
-    attempt: int = 1  # > 1 when re-requested after its worker was lost
-    excluded_workers: list[str] = []
-    accelerator: str = ""  # the checkpoint's accelerator: a restore needs the same GPU type
-    note: str = ""  # why it starts cold, when it does (shown by `levers9 containers list`)
-
-
-class ContainerScheduled(Event, frozen=True, kw_only=True):
-    AGGREGATE = "container"
-    ID_FIELD = "container_id"
-    container_id: str
     worker_id: str
     attempt: int = 1
-    checkpoint_id: str = ""  # restore this one; empty: start cold
+    deployment_id: str = ""
+    deployment_version: int = 0
+    resources: Resources = Resources()
+    spec: DeploymentSpec | None = None
+    checkpoint: CheckpointRef | None = None  # restore this one; None: start cold
     note: str = ""
+
+    @property
+    def checkpoint_id(self) -> str:
+        return self.checkpoint.checkpoint_id if self.checkpoint else ""
 
 
 class PlacementDeferred(Event, frozen=True, kw_only=True):

@@ -7,6 +7,7 @@ import msgspec
 from .envelope import Envelope, envelope
 from .events import EVENT_TYPES
 from .ids import uuid7
+from .spec import Code, DeploymentSpec
 
 _SAMPLES = {
     "worker_id": "worker-1", "pool": "default", "address": "http://10.90.0.2:8000", "sha256": "0" * 64,
@@ -17,6 +18,8 @@ _SAMPLES = {
 
 
 def _sample(name: str, annotation: object) -> object:
+    if annotation is DeploymentSpec:
+        return DeploymentSpec(name="hello", app_name="hello", code=Code(module="hello", handler="hello"))
     if name in _SAMPLES:
         return _SAMPLES[name]
     if name.endswith("_id"):

@@ -46,3 +46,44 @@ def _container_requested_v1(body: dict) -> dict:
     if "memory" in body:
         body["memory_mib"] = int(body.pop("memory"))
     return body
+
+
+@upcaster("ContainerRequested", 2)
+def _container_requested_v2(body: dict) -> dict:
+    # v2: flat resources, `checkpoint_id` + `accelerator`, an unused `image` string
+    body["resources"] = {k: body.pop(k) for k in ("cpu_millicores", "memory_mib", "gpu", "gpu_count") if k in body}
+    checkpoint_id, accelerator = body.pop("checkpoint_id", ""), body.pop("accelerator", "")
+    if checkpoint_id:
+        body["checkpoint"] = {"checkpoint_id": checkpoint_id, "accelerator": accelerator}
+    body.pop("image", None)
+    return body
+
+
+@upcaster("ContainerScheduled", 1)
+def _container_scheduled_v1(body: dict) -> dict:
+    # v1: only the worker, the attempt and a checkpoint id; the worker read the rest from its tables
+    checkpoint_id = body.pop("checkpoint_id", "")
+    if checkpoint_id:
+        body["checkpoint"] = {"checkpoint_id": checkpoint_id}
+    return body
+
+
+@upcaster("DeploymentCreated", 1)
+def _deployment_created_v1(body: dict) -> dict:
+    # v1: every option a flat field; the image a JSON string
+    import json
+
+    def take(*keys: str) -> dict:
+        return {k: body.pop(k) for k in keys if k in body}
+
+    code = take("kind", "module", "handler", "on_start")
+    code.update({new: body.pop(old) for old, new in (("code_sha256", "sha256"), ("code_key", "key")) if old in body})
+    image = body.pop("image", "")
+    spec = {"name": body.get("name", ""), "code": code,
+            "resources": take("cpu_millicores", "memory_mib", "gpu", "gpu_count"),
+            "scaling": take("keep_warm_seconds", "min_containers", "max_containers", "concurrency"),
+            **take("app_name", "timeout_seconds", "secrets", "env", "checkpoint_enabled", "pool")}
+    if image:
+        spec["image"] = json.loads(image) if isinstance(image, str) else image
+    body["spec"] = spec
+    return body

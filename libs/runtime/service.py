@@ -48,6 +48,8 @@ class Service:
         self.stop = asyncio.Event()
         self.started_at = time.time()
         self.schema = schema_for(self.name)
+        self.projected: dict[str, int] = {}  # projection name -> last stream sequence applied
+        self._advanced = asyncio.Condition()
 
     # ---- hooks for subclasses ------------------------------------------------------------------
 
@@ -89,6 +91,8 @@ class Service:
                 self.pool = await asyncpg.create_pool(s.database_url, min_size=1, max_size=8)
         self.store = ProjectionStore(self.pool, self.schema, self.projections)
         await self.store.setup()
+        for p in self.projections:
+            self.projected[p.name] = await self.store.position(p)
 
     def ordered_consumers(self) -> list[OrderedConsumer]:
         out = []
@@ -110,6 +114,30 @@ class Service:
         cid = last.message.envelope.correlation_id if last.message else ""
         with consuming_span(f"project {p.name}", last.headers, cid):
             await self.store.apply_batch(p, batch)
+        await self.advanced(p.name, last.seq)
+
+    async def advanced(self, projection: str, seq: int) -> None:
+        async with self._advanced:
+            self.projected[projection] = max(seq, self.projected.get(projection, 0))
+            self._advanced.notify_all()
+
+    async def wait_projected(self, seq: int, projection: str | None = None, timeout: float = 5.0) -> bool:
+        """Wait until `projection` (every projection when None) has applied stream sequence `seq`.
+
+        `seq` must be the sequence of an event the projection consumes (or an earlier one): a
+        projection's position moves only with the events of its own subjects. False on timeout.
+        """
+        names = [projection] if projection else [p.name for p in self.projections]
+
+        def caught_up() -> bool:
+            return all(self.projected.get(n, 0) >= seq for n in names)
+
+        async with self._advanced:
+            try:
+                await asyncio.wait_for(self._advanced.wait_for(caught_up), timeout)
+            except asyncio.TimeoutError:
+                return False
+        return True
 
     def app(self) -> FastAPI:
         app = FastAPI(title=f"levers9 {self.name}", version="0.1.0")

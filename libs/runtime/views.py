@@ -9,8 +9,9 @@ from __future__ import annotations
 import datetime as dt
 
 import asyncpg
+import msgspec
 
-from levers9.contracts import Message
+from levers9.contracts import SYSTEM_WORKSPACE, Message, subjects
 from levers9.contracts import events as E
 
 from .projection import BatchedProjection, Projection
@@ -29,7 +30,7 @@ CONTAINER_STATUS = {
 
 class ContainersView(BatchedProjection):
     name = "containers"
-    filter_subjects = ("levers9.*.container.>",)
+    filter_subjects = (subjects.filter_subject(aggregate="container"),)
     tables = ("containers",)
 
     def ddl(self, schema: str) -> list[str]:
@@ -45,7 +46,8 @@ class ContainersView(BatchedProjection):
             deployment_version int NOT NULL DEFAULT 0, ready_at timestamptz,
             note text NOT NULL DEFAULT '', restored_from text NOT NULL DEFAULT '',
             accelerator text NOT NULL DEFAULT '', checkpoint_to_restore text NOT NULL DEFAULT '',
-            PRIMARY KEY (workspace, container_id))""",
+            request jsonb, PRIMARY KEY (workspace, container_id))""",
+                f"ALTER TABLE {schema}.containers ADD COLUMN IF NOT EXISTS request jsonb",
                 f"CREATE INDEX IF NOT EXISTS containers_status ON {schema}.containers (status)"]
 
     def statements(self, schema: str, msg: Message, seq: int) -> list[tuple[str, tuple]]:
@@ -57,11 +59,12 @@ class ContainersView(BatchedProjection):
                             WHERE workspace = $1 AND container_id = $2""", (env.workspace, ev.container_id, seq)))
             return out
         if isinstance(ev, E.ContainerRequested):
+            res = ev.resources
             out.append((
                 f"""INSERT INTO {schema}.containers (workspace, container_id, deployment_id, status, cpu_millicores,
                     memory_mib, gpu, gpu_count, pool, checkpoint_id, requested_at, updated_at, correlation_id, version,
-                    last_seq, attempt, excluded_workers, deployment_version, note, accelerator)
-                    VALUES ($1,$2,$3,'requested',$4,$5,$6,$7,$8,$9,$10,$10,$11,1,$12,$13,$14,$15,$16,$17)
+                    last_seq, attempt, excluded_workers, deployment_version, note, accelerator, request)
+                    VALUES ($1,$2,$3,'requested',$4,$5,$6,$7,$8,$9,$10,$10,$11,1,$12,$13,$14,$15,$16,$17,$18)
                     ON CONFLICT (workspace, container_id) DO UPDATE SET status='requested', worker_id='',
                     address='', reason='', exit_code=NULL, deployment_id=EXCLUDED.deployment_id,
                     cpu_millicores=EXCLUDED.cpu_millicores, memory_mib=EXCLUDED.memory_mib, gpu=EXCLUDED.gpu,
@@ -71,10 +74,12 @@ class ContainersView(BatchedProjection):
                     version={schema}.containers.version + 1, ready_at=NULL, last_seq=EXCLUDED.last_seq,
                     attempt=EXCLUDED.attempt, excluded_workers=EXCLUDED.excluded_workers,
                     deployment_version=EXCLUDED.deployment_version, note=EXCLUDED.note,
-                    accelerator=EXCLUDED.accelerator, restored_from='', checkpoint_to_restore=''""",
-                (env.workspace, ev.container_id, ev.deployment_id, ev.cpu_millicores, ev.memory_mib, list(ev.gpu),
-                 ev.gpu_count, ev.pool, ev.checkpoint_id, at, env.correlation_id, seq, ev.attempt,
-                 list(ev.excluded_workers), ev.deployment_version, ev.note, ev.accelerator)))
+                    accelerator=EXCLUDED.accelerator, restored_from='', checkpoint_to_restore='',
+                    request=EXCLUDED.request""",
+                (env.workspace, ev.container_id, ev.deployment_id, res.cpu_millicores, res.memory_mib, list(res.gpu),
+                 res.gpu_count, ev.pool, ev.checkpoint_id, at, env.correlation_id, seq, ev.attempt,
+                 list(ev.excluded_workers), ev.deployment_version, ev.note,
+                 ev.checkpoint.accelerator if ev.checkpoint else "", msgspec.json.encode(ev).decode())))
             return out
         # one statement per event: upsert the status and whatever this event type carries
         out.append((
@@ -111,7 +116,7 @@ SLOT_EVENTS = ("WorkerSlotReserved", "WorkerSlotReleased", "WorkerCordoned", "Wo
 
 class WorkersView(Projection):
     name = "workers"
-    filter_subjects = ("levers9._sys.worker.>",)
+    filter_subjects = (subjects.filter_subject(workspace=SYSTEM_WORKSPACE, aggregate="worker"),)
     tables = ("workers", "worker_slots")
 
     def ddl(self, schema: str) -> list[str]:
@@ -189,7 +194,7 @@ class WorkersView(Projection):
 class TokensView(Projection):
     """Workspace tokens by sha256 of the secret; the secret itself is never stored."""
     name = "tokens"
-    filter_subjects = ("levers9.*.token.>",)
+    filter_subjects = (subjects.filter_subject(aggregate="token"),)
     tables = ("tokens",)
 
     def ddl(self, schema: str) -> list[str]:
@@ -212,7 +217,7 @@ class TokensView(Projection):
 
 class DeploymentsView(Projection):
     name = "deployments"
-    filter_subjects = ("levers9.*.deployment.>",)
+    filter_subjects = (subjects.filter_subject(aggregate="deployment"),)
     tables = ("deployments",)
 
     def ddl(self, schema: str) -> list[str]:
@@ -239,7 +244,7 @@ class DeploymentsView(Projection):
             await conn.execute(
                 f"""INSERT INTO {schema}.deployments (workspace, deployment_id, name, version, spec, status,
                     created_at) VALUES ($1,$2,$3,$4,$5,'active',$6) ON CONFLICT DO NOTHING""",
-                msg.envelope.workspace, ev.deployment_id, ev.name, ev.version, bytes(msg.envelope.data).decode(),
+                msg.envelope.workspace, ev.deployment_id, ev.name, ev.version, msgspec.json.encode(ev.spec).decode(),
                 occurred(msg))
         elif isinstance(ev, (E.DeploymentStopped, E.DeploymentDeleted)):
             status = "stopped" if isinstance(ev, E.DeploymentStopped) else "deleted"
@@ -250,7 +255,7 @@ class DeploymentsView(Projection):
 class SecretsView(Projection):
     """Secrets as ciphertext; only a holder of LEVERS9_SECRET_KEY can read them."""
     name = "secrets"
-    filter_subjects = ("levers9.*.secret.>",)
+    filter_subjects = (subjects.filter_subject(aggregate="secret"),)
     tables = ("secrets",)
 
     def ddl(self, schema: str) -> list[str]:
@@ -278,7 +283,8 @@ class CheckpointsView(Projection):
     """Checkpoints and their status: dumped (on a node) -> available (in S3) | checkpoint_failed;
     restore_failed once a restore of it failed; deleted. Restores update last_restored_at."""
     name = "checkpoints"
-    filter_subjects = ("levers9.*.checkpoint.>", "levers9.*.container.*.ContainerStarted")
+    filter_subjects = (subjects.filter_subject(aggregate="checkpoint"),
+                       subjects.filter_subject(aggregate="container", event_type="ContainerStarted"))
     tables = ("checkpoints",)
 
     def ddl(self, schema: str) -> list[str]:
@@ -334,7 +340,7 @@ BUILD_STATUS = {"ImageBuildRequested": "requested", "ImageBuildStarted": "buildi
 
 class ImageBuildsView(Projection):
     name = "builds"
-    filter_subjects = ("levers9.*.image.>",)
+    filter_subjects = (subjects.filter_subject(aggregate="image"),)
     tables = ("builds",)
 
     def ddl(self, schema: str) -> list[str]:

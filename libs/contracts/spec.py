@@ -1,0 +1,115 @@
+"""What a deployment asks for: one typed spec, from the SDK's JSON to the worker's container start.
+
+The SDK (stdlib only, it runs inside containers) emits plain JSON of this shape; the gateway decodes
+it with `decode_spec`, which validates every field and answers with a sentence naming the field;
+DeploymentCreated, ContainerRequested and ContainerScheduled carry it; the worker starts from it.
+Defaults are written here and nowhere else. One unit per quantity: millicores, MiB, seconds.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+import msgspec
+from msgspec import Meta
+
+Name = Annotated[str, Meta(pattern=r"^[a-z0-9][a-z0-9-]{0,62}$")]  # URL path, subject token, DNS label
+PoolName = Annotated[str, Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]{0,62}$")]
+Identifier = Annotated[str, Meta(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]
+OptionalIdentifier = Annotated[str, Meta(pattern=r"^([A-Za-z_][A-Za-z0-9_]*)?$")]
+EnvName = Annotated[str, Meta(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")]
+GpuType = Annotated[str, Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,31}$")]
+
+MAX_CPU_MILLICORES = 256_000
+MIN_MEMORY_MIB = 16
+MAX_MEMORY_MIB = 4 * 1024 * 1024
+MAX_GPUS = 16
+
+
+class Resources(msgspec.Struct, frozen=True, kw_only=True):
+    cpu_millicores: Annotated[int, Meta(gt=0, le=MAX_CPU_MILLICORES)] = 1000
+    memory_mib: Annotated[int, Meta(ge=MIN_MEMORY_MIB, le=MAX_MEMORY_MIB)] = 1024
+    gpu: list[GpuType] = []  # acceptable GPU types in order of preference; empty: any type or none
+    gpu_count: Annotated[int, Meta(ge=0, le=MAX_GPUS)] = 0
+
+    @property
+    def gpus(self) -> int:
+        """The GPUs a container takes: naming a type means at least one."""
+        return max(1, self.gpu_count) if self.gpu else self.gpu_count
+
+
+class Scaling(msgspec.Struct, frozen=True, kw_only=True):
+    keep_warm_seconds: Annotated[int, Meta(ge=0, le=86_400)] = 60
+    min_containers: Annotated[int, Meta(ge=0, le=100)] = 0
+    max_containers: Annotated[int, Meta(ge=1, le=1000)] = 1
+    concurrency: Annotated[int, Meta(ge=1, le=10_000)] = 1  # requests one container serves at once
+
+    def __post_init__(self) -> None:
+        if self.max_containers < self.min_containers:
+            raise ValueError(f"max_containers={self.max_containers} is below min_containers={self.min_containers}")
+
+
+class Code(msgspec.Struct, frozen=True, kw_only=True):
+    """The user's code: a module of the uploaded archive and the function (or ASGI app) in it."""
+    kind: Literal["endpoint", "asgi"] = "endpoint"
+    module: Identifier
+    handler: Identifier
+    on_start: OptionalIdentifier = ""
+    sha256: str = ""  # the archive (tar.gz) in the workspace's bucket; filled in by the gateway
+    key: str = ""
+
+
+class ImageSpec(msgspec.Struct, frozen=True, kw_only=True):
+    base: Annotated[str, Meta(min_length=1, max_length=256)] = "debian:bookworm"
+    python_packages: list[Annotated[str, Meta(min_length=1)]] = []
+    commands: list[Annotated[str, Meta(min_length=1)]] = []
+
+
+class DeploymentSpec(msgspec.Struct, frozen=True, kw_only=True):
+    name: Name
+    app_name: str = ""
+    code: Code
+    image: ImageSpec | None = None
+    resources: Resources = Resources()
+    scaling: Scaling = Scaling()
+    timeout_seconds: Annotated[int, Meta(ge=1, le=86_400)] = 180
+    secrets: list[EnvName] = []
+    env: dict[EnvName, str] = {}
+    checkpoint_enabled: bool = False
+    pool: PoolName = "default"
+
+
+class CheckpointRef(msgspec.Struct, frozen=True, kw_only=True):
+    """A checkpoint a container restores from: enough to fetch and check it without asking anyone."""
+    checkpoint_id: str
+    accelerator: str = ""  # the GPU type it was dumped on; a restore needs the same ("" = none)
+    sha256: str = ""
+    size_bytes: int = 0
+    bucket: str = ""
+    key: str = ""
+    location: str = ""  # the node cache URL of the worker that dumped it
+
+
+class InvalidSpec(ValueError):
+    """A spec that does not decode; the message names the field and what is wrong with it."""
+
+
+_decoder = msgspec.json.Decoder(DeploymentSpec)
+
+
+def decode_spec(data: bytes | str) -> DeploymentSpec:
+    try:
+        return _decoder.decode(data)
+    except msgspec.ValidationError as exc:
+        raise InvalidSpec(f"the deployment spec is not valid: {exc}") from None
+    except msgspec.DecodeError as exc:
+        raise InvalidSpec(f"the deployment spec is not JSON: {exc}") from None
+
+
+def encode_spec(spec: DeploymentSpec) -> bytes:
+    return msgspec.json.encode(spec)
+
+
+def spec_from_builtins(data: dict) -> DeploymentSpec:
+    """A spec from a decoded JSON object (a projection's jsonb column)."""
+    return msgspec.convert(data, DeploymentSpec)
