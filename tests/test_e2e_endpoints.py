@@ -230,13 +230,17 @@ def test_two_schedulers_never_overbook_a_worker(env):
     beater = threading.Thread(target=lambda: asyncio.run(setup_and_beat()))
     beater.start()
     try:
-        time.sleep(2)
+        wait_until(lambda: {w["worker_id"] for w in api(env, "GET", "/api/v1/workers").json()
+                            if w["status"] == "ready"} >= set(fakes), timeout=30)
+        requested = []
         with httpx.Client() as client:
             p = profile(env)
             for _ in range(20):
-                r = client.post(p["gateway_url"] + "/api/v1/containers", json={"cpu": 0.5, "memory": 128, "pool": pool},
+                r = client.post(p["gateway_url"] + "/api/v1/containers",
+                                json={"cpu_millicores": 500, "memory_mib": 128, "pool": pool},
                                 headers={"Authorization": f"Bearer {p['token']}"})
                 assert r.status_code == 202
+                requested.append(r.json()["container_id"])
 
         def worker_events():
             async def read_all():
@@ -254,7 +258,12 @@ def test_two_schedulers_never_overbook_a_worker(env):
             return sum(1 for t, _ in worker_events() if t == "WorkerSlotReserved") >= 8
 
         wait_until(placed, timeout=60)
-        time.sleep(3)  # give a racing scheduler every chance to overbook
+
+        def decided():  # every request has a decision: 8 placed, the rest deferred (the pool is full)
+            rows = {c["container_id"]: c["status"] for c in containers(env, all_=True)}
+            return all(rows.get(cid) in ("scheduled", "pending") for cid in requested)
+
+        wait_until(decided, timeout=60)
         events = worker_events()
         used: dict[str, int] = {}
         slots: dict[tuple[str, str], tuple[int, int]] = {}  # -> (reservation seq, cpu)

@@ -21,7 +21,7 @@ import psutil
 import pytest
 from _e2e import cli, wait_until
 
-from levers9.contracts import envelope, uuid7
+from levers9.contracts import envelope, subjects, uuid7
 from levers9.contracts import events as E
 from levers9.runtime.bus import Bus
 from levers9.runtime.config import SERVICES, Settings
@@ -155,10 +155,10 @@ def test_a_malformed_message_lands_in_the_dlq_with_its_reason(state):
 def test_gateway_api_requests_a_container_and_other_workspaces_see_404(stack_env, state):
     token = tomllib.loads((Path(stack_env["LEVERS9_HOME"]) / "config.toml").read_text())["token"]
     auth = {"Authorization": f"Bearer {token}"}
-    r = httpx.post(f"{state['gateway_url']}/api/v1/containers", json={"cpu": 0.5, "memory": 256}, headers=auth)
+    r = httpx.post(f"{state['gateway_url']}/api/v1/containers", json={"cpu_millicores": 500, "memory_mib": 256}, headers=auth)
     assert r.status_code == 202, r.text
     cid = r.json()["container_id"]
-    assert httpx.post(f"{state['gateway_url']}/api/v1/containers", json={"cpu": -1}, headers=auth).status_code == 422
+    assert httpx.post(f"{state['gateway_url']}/api/v1/containers", json={"cpu_millicores": -1}, headers=auth).status_code == 422
     other = "l9_" + uuid.uuid4().hex
 
     async def token_for_other():
@@ -205,33 +205,54 @@ def test_sigkill_of_a_service_while_events_flow_loses_nothing_and_applies_nothin
     containers = [f"{prefix}{i}" for i in range(10)]
     schema = victim.replace("-", "_")
 
+    progress = {"sent": 0}
+
     async def flow(stop_at: int):
         bus = await Bus.connect(state["nats_url"])
-        sent = 0
         for round_ in range(stop_at):
             for cid in containers:
                 event = (E.ContainerStarted(container_id=cid, worker_id="nobody") if round_ % 2 == 0
                          else E.ContainerStopRequested(container_id=cid, reason="test"))
                 await bus.publish(envelope(event, workspace="default"))
-                sent += 1
+                progress["sent"] += 1
             await asyncio.sleep(0.02)
         await bus.close()
-        return sent
+        return progress["sent"]
 
     result: dict[str, int] = {}
     publisher = threading.Thread(target=lambda: result.setdefault("sent", run(flow(40))))
     publisher.start()
-    time.sleep(0.3)
+    # kill only once the victim is seen applying this flow, and well before the flow ends
+    wait_until(lambda: sum(run(_versions(state["database_url"], schema, prefix)).values()) >= 20, timeout=60,
+               every=0.02)
+    assert progress["sent"] < 400, "the flow ended before the kill: the test would prove nothing"
     settings = Settings.load(env={"LEVERS9_HOME": stack_env["LEVERS9_HOME"]})
     Stack(Path(stack_env["LEVERS9_HOME"]), settings).kill_service(victim)
-    time.sleep(0.3)
     cli(stack_env, "up")  # restarts the killed service
     publisher.join(timeout=120)
     assert result["sent"] == 400
     expected = {cid: 40 for cid in containers}
     wait_until(lambda: run(_versions(state["database_url"], schema, prefix)) == expected, timeout=60)
-    time.sleep(1.0)  # nothing more arrives late
+    # nothing more arrives late: the victim's projection has passed the end of the log as it was
+    last = run(_last_container_seq(state["nats_url"]))
+    wait_until(lambda: run(_position(state["database_url"], schema, "containers")) >= last, timeout=60)
     assert run(_versions(state["database_url"], schema, prefix)) == expected
+
+
+async def _last_container_seq(nats_url: str) -> int:
+    bus = await Bus.connect(nats_url)
+    try:
+        return await bus.last_seq(subjects.filter_subject(aggregate="container"))
+    finally:
+        await bus.close()
+
+
+async def _position(database_url: str, schema: str, projection: str) -> int:
+    conn = await asyncpg.connect(database_url)
+    try:
+        return int(await conn.fetchval(f"SELECT seq FROM {schema}.positions WHERE projection = $1", projection) or 0)
+    finally:
+        await conn.close()
 
 
 def test_down_leaves_no_process_and_a_second_up_keeps_the_data(stack_env):

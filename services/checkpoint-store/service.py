@@ -13,13 +13,13 @@ import hashlib
 import logging
 
 import httpx
-from aiobotocore.session import get_session
 from tenacity import AsyncRetrying, stop_after_attempt, wait_exponential
 
-from levers9.contracts import caused_by
+from levers9.contracts import caused_by, subjects
 from levers9.contracts import events as E
 from levers9.runtime.consumer import Delivery, WorkConsumer
 from levers9.runtime.service import Service
+from levers9.runtime.storage import s3_client, workspace_bucket
 from levers9.runtime.views import CheckpointsView, DeploymentsView
 
 log = logging.getLogger("levers9.checkpoint_store")
@@ -37,14 +37,12 @@ class CheckpointStoreService(Service):
     projections = (CheckpointsView(), DeploymentsView())
 
     def s3(self):
-        s = self.settings
-        return get_session().create_client(
-            "s3", endpoint_url=s.s3_endpoint, aws_access_key_id=s.s3_access_key,
-            aws_secret_access_key=s.s3_secret_key, region_name=s.s3_region)
+        return s3_client(self.settings)
 
     def reactions(self):
         return [WorkConsumer(self.bus, "checkpoint-store-uploads",
-                             ["levers9.*.checkpoint.*.CheckpointDumped", "levers9.*.checkpoint.*.CheckpointDeleted"],
+                             [subjects.filter_subject(aggregate="checkpoint", event_type="CheckpointDumped"),
+                              subjects.filter_subject(aggregate="checkpoint", event_type="CheckpointDeleted")],
                              handle=self.on_event, max_deliver=3, ack_wait=300, batch=1)]
 
     async def on_event(self, d: Delivery) -> None:
@@ -63,7 +61,7 @@ class CheckpointStoreService(Service):
                 checkpoint_id=ev.checkpoint_id, stage="upload", reason="its deployment was deleted",
                 deployment_id=ev.deployment_id, worker_id=ev.worker_id)))
             return
-        bucket, key = f"levers9-{env.workspace}", f"checkpoints/{ev.deployment_id}/{ev.checkpoint_id}.tar"
+        bucket, key = workspace_bucket(env.workspace), f"checkpoints/{ev.deployment_id}/{ev.checkpoint_id}.tar"
         try:
             size, sha = await self.upload(ev.location, bucket, key)
             if sha != ev.sha256 or size != ev.size_bytes:
