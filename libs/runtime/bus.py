@@ -86,29 +86,28 @@ class Bus:
         if not self.nc.is_closed:
             try:
                 await self.nc.drain()
-            except Exception:  # already closing: nothing left to drain
+            except (nats.errors.Error, asyncio.TimeoutError, OSError) as exc:  # closing already, or gone
+                log.debug("nats drain: %r; closing", exc)
                 await self.nc.close()
 
     # ---- topology ------------------------------------------------------------------------------
 
     async def ensure_topology(self) -> None:
         """Create the streams and KV buckets if missing; leave existing ones (and their data) alone."""
-        await self._ensure_stream(StreamConfig(
-            name=subjects.STREAM, subjects=[f"{subjects.ROOT}.>"], retention=RetentionPolicy.LIMITS,
-            storage=StorageType.FILE, duplicate_window=DUPLICATE_WINDOW_S, allow_direct=True))
-        await self._ensure_stream(StreamConfig(
-            name=subjects.DLQ_STREAM, subjects=[f"{subjects.DLQ_ROOT}.>"], retention=RetentionPolicy.LIMITS,
-            storage=StorageType.FILE, duplicate_window=DUPLICATE_WINDOW_S, allow_direct=True))
+        await self._ensure_stream(subjects.STREAM, f"{subjects.ROOT}.>")
+        await self._ensure_stream(subjects.DLQ_STREAM, f"{subjects.DLQ_ROOT}.>")
         await self.heartbeats()
 
-    async def _ensure_stream(self, config: StreamConfig) -> None:
+    async def _ensure_stream(self, name: str, subject_filter: str) -> None:
         try:
-            await self.js.stream_info(config.name)
+            await self.js.stream_info(name)
         except nats.js.errors.NotFoundError:
             try:
-                await self.js.add_stream(config)
+                await self.js.add_stream(StreamConfig(
+                    name=name, subjects=[subject_filter], retention=RetentionPolicy.LIMITS,
+                    storage=StorageType.FILE, duplicate_window=DUPLICATE_WINDOW_S, allow_direct=True))
             except nats.js.errors.BadRequestError:
-                await self.js.stream_info(config.name)  # created concurrently by another process
+                await self.js.stream_info(name)  # created concurrently by another process
 
     async def heartbeats(self) -> KeyValue:
         try:
@@ -129,7 +128,7 @@ class Bus:
         aggregate_wide: compare against the last event on any subject of the aggregate
         (`levers9.ws.agg.id.*`), not just this event type's subject (NATS >= 2.11).
         """
-        headers = {Header.EXPECTED_LAST_SUBJECT_SEQUENCE: str(expected_last_seq)}
+        headers: dict[str, str] = {Header.EXPECTED_LAST_SUBJECT_SEQUENCE: str(expected_last_seq)}
         if aggregate_wide:
             headers["Nats-Expected-Last-Subject-Sequence-Subject"] = self.aggregate_filter(env)
         return await self._publish(env, headers)
@@ -179,7 +178,7 @@ class Bus:
         derived from (consumer, sequence) so a consumer that dead-letters the same message again
         after a crash does not record it twice.
         """
-        hdrs = {
+        hdrs: dict[str, str] = {
             Header.MSG_ID: f"dlq:{consumer}:{stream_seq}",
             "Levers9-Reason": reason.replace("\r", " ").replace("\n", " ")[:4000],
             "Levers9-Consumer": consumer,

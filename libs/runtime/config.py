@@ -75,10 +75,10 @@ class Settings:
             with profile.open("rb") as f:
                 data = tomllib.load(f)
             values.update({k: v for k, v in data.items() if k in cls.names()})
-        for f in fields(cls):
-            raw = env.get(f"LEVERS9_{f.name.upper()}")
+        for field in fields(cls):
+            raw = env.get(f"LEVERS9_{field.name.upper()}")
             if raw is not None and raw != "":
-                values[f.name] = int(raw) if f.type in ("int", int) else raw
+                values[field.name] = int(raw) if field.type in ("int", int) else raw
         values["home"] = str(home)
         return cls(**values)  # type: ignore[arg-type]
 

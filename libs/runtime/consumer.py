@@ -22,6 +22,7 @@ import asyncio
 import logging
 import os
 import time
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Awaitable, Callable, Sequence
 
@@ -29,6 +30,7 @@ import asyncpg
 import nats.errors
 import nats.js.errors
 from nats.aio.msg import Msg
+from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 from levers9.contracts import ContractError, Message, decode, subjects
@@ -49,7 +51,19 @@ class Delivery:
     num_delivered: int
     message: Message | None = None
     error: str | None = None
-    raw: Msg | None = field(default=None, repr=False)
+    raw: Msg | None = field(default=None, repr=False)  # None: not from a subscription (nothing to ack)
+
+    async def ack(self) -> None:
+        if self.raw is not None:
+            await self.raw.ack()
+
+    async def nak(self, delay: float) -> None:
+        if self.raw is not None:
+            await self.raw.nak(delay=delay)
+
+    async def term(self) -> None:
+        if self.raw is not None:
+            await self.raw.term()
 
 
 def to_delivery(msg: Msg) -> Delivery:
@@ -84,32 +98,39 @@ _RESUBSCRIBE = (nats.errors.ConnectionClosedError, nats.errors.NoRespondersError
                 nats.errors.Error, OSError, asyncio.TimeoutError)
 
 
-class _Pull:
+class _Pull(ABC):
     """What both consumers share: one client-side pull subscription, released before re-creating."""
-    _sub = None
+    bus: Bus
+    batch: int
+    idle_resubscribe_s: float
+    _sub: JetStreamContext.PullSubscription | None = None
+
+    @abstractmethod
+    async def _subscribe(self) -> JetStreamContext.PullSubscription:
+        """Create (or bind to) the server-side consumer and return a subscription to it."""
 
     async def _drop_sub(self) -> None:
         sub, self._sub = self._sub, None
         if sub is not None:
             try:
                 await sub.unsubscribe()
-            except Exception:  # noqa: BLE001 - connection gone; nothing to release
-                pass
+            except (nats.errors.Error, OSError, ValueError) as exc:  # connection gone: nothing to release
+                log.debug("unsubscribe: %r", exc)
 
-
-    async def _next_batch(self) -> list[Msg]:
+    async def _next_batch(self, sub: JetStreamContext.PullSubscription) -> list[Msg]:
         """Wait for one message, then take what else is there already. (nats-py's fetch(n) keeps
         waiting for n messages until its timeout once one has arrived: on a quiet stream that
         would hold a lone event for up to the whole timeout.)"""
-        msgs = await self._sub.fetch(1, timeout=1.0)
+        msgs = await sub.fetch(1, timeout=1.0)
         if self.batch > 1:
             try:
-                msgs += await self._sub.fetch(self.batch - 1, timeout=0.01)
+                msgs += await sub.fetch(self.batch - 1, timeout=0.01)
             except asyncio.TimeoutError:
                 pass
         return msgs
 
-    async def _loop(self, stop: asyncio.Event, name: str, handle_batch) -> None:
+    async def _loop(self, stop: asyncio.Event, name: str,
+                    handle_batch: Callable[[list[Delivery]], Awaitable[None]]) -> None:
         """Fetch and hand over batches until stopped; (re)subscribe when there is no subscription,
         after a reconnect, after an error, or after idling long (nats.py #504)."""
         idle_since = time.monotonic()
@@ -117,13 +138,14 @@ class _Pull:
         reconnects = self.bus.reconnects
         while not stop.is_set():
             try:
-                if self._sub is None or reconnects != self.bus.reconnects:
+                sub = self._sub
+                if sub is None or reconnects != self.bus.reconnects:
                     reconnects = self.bus.reconnects
                     await self._drop_sub()
-                    await self._subscribe()
+                    sub = self._sub = await self._subscribe()
                     idle_since = time.monotonic()
                 try:
-                    msgs = await self._next_batch()
+                    msgs = await self._next_batch(sub)
                 except asyncio.TimeoutError:  # nats.errors.TimeoutError is one too; fetch raises either
                     if time.monotonic() - idle_since > self.idle_resubscribe_s:
                         await self._drop_sub()  # silent for long: re-create in case the server lost it
@@ -157,7 +179,7 @@ class OrderedConsumer(_Pull):
         self.idle_resubscribe_s = idle_resubscribe_s
         self._sub = None
 
-    async def _subscribe(self) -> None:
+    async def _subscribe(self) -> JetStreamContext.PullSubscription:
         start = await self.position() + 1
         js = self.bus.js
         try:
@@ -170,8 +192,9 @@ class OrderedConsumer(_Pull):
             max_ack_pending=self.batch * 4, inactive_threshold=300, max_deliver=-1,
             **({"filter_subject": self.filters[0]} if len(self.filters) == 1 else {"filter_subjects": self.filters}))
         await js.add_consumer(subjects.STREAM, config)
-        self._sub = await js.pull_subscribe_bind(durable=self.consumer_name, stream=subjects.STREAM)
+        sub = await js.pull_subscribe_bind(durable=self.consumer_name, stream=subjects.STREAM)
         log.info("consumer %s reading from sequence %d", self.name, start)
+        return sub
 
     async def run(self, stop: asyncio.Event) -> None:
         await self._loop(stop, self.name, lambda batch: self._process(batch, stop))
@@ -181,8 +204,8 @@ class OrderedConsumer(_Pull):
         await self._drop_sub()
         try:
             await self.bus.js.delete_consumer(subjects.STREAM, self.consumer_name)
-        except Exception:  # server gone or consumer already expired: inactive_threshold cleans up
-            pass
+        except (nats.errors.Error, OSError) as exc:  # server gone or consumer expired: inactive_threshold cleans up
+            log.debug("consumer %s: delete: %r", self.name, exc)
 
     async def _process(self, deliveries: list[Delivery], stop: asyncio.Event) -> None:
         if not deliveries:  # a fetch can come back empty
@@ -199,7 +222,7 @@ class OrderedConsumer(_Pull):
                     if await self._attempt([d], stop) is not None:  # now only records its position
                         raise RuntimeError(f"consumer {self.name} cannot record the position of a dead letter")
         for d in deliveries:
-            await d.raw.ack()
+            await d.ack()
         outcome = {True: "dead_lettered", False: "applied"}
         for d in deliveries:
             EVENTS_CONSUMED.labels(self.name, outcome[d.error is not None]).inc()
@@ -249,7 +272,7 @@ class WorkConsumer(_Pull):
         self.idle_resubscribe_s = idle_resubscribe_s
         self._sub = None
 
-    async def _subscribe(self) -> None:
+    async def _subscribe(self) -> JetStreamContext.PullSubscription:
         js = self.bus.js
         try:
             await js.consumer_info(subjects.STREAM, self.durable)
@@ -260,7 +283,7 @@ class WorkConsumer(_Pull):
                 **({"filter_subject": self.filters[0]} if len(self.filters) == 1
                    else {"filter_subjects": self.filters}))
             await js.add_consumer(subjects.STREAM, config)
-        self._sub = await js.pull_subscribe_bind(durable=self.durable, stream=subjects.STREAM)
+        return await js.pull_subscribe_bind(durable=self.durable, stream=subjects.STREAM)
 
     async def run(self, stop: asyncio.Event) -> None:
         async def one_by_one(batch: list[Delivery]) -> None:
@@ -271,30 +294,29 @@ class WorkConsumer(_Pull):
         await self._drop_sub()
 
     async def _one(self, d: Delivery) -> None:
-        if d.error:
-            await self.bus.dead_letter(subject=d.subject, payload=d.data, consumer=self.durable, reason=d.error,
-                                       stream_seq=d.seq, headers=d.headers)
-            await d.raw.term()
-            EVENTS_CONSUMED.labels(self.durable, "dead_lettered").inc()
+        if d.error or d.message is None:
+            await self._dead_letter(d, d.error or "no message")
             return
         env = d.message.envelope
         try:
             with consuming_span(f"handle {env.type}", d.headers, env.correlation_id):
                 await self.handle(d)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:  # noqa: BLE001 - the handler is user-level code; the server redelivers
             if not is_transient(exc) and d.num_delivered >= self.max_deliver:
-                reason = f"handler failed {d.num_delivered} times: {type(exc).__name__}: {exc}"
-                await self.bus.dead_letter(subject=d.subject, payload=d.data, consumer=self.durable,
-                                           reason=reason, stream_seq=d.seq, headers=d.headers)
-                await d.raw.term()
-                EVENTS_CONSUMED.labels(self.durable, "dead_lettered").inc()
+                await self._dead_letter(d, f"handler failed {d.num_delivered} times: {type(exc).__name__}: {exc}")
                 return
             log.warning("consumer %s: delivery %d of seq %d failed: %s", self.durable, d.num_delivered, d.seq, exc)
-            await d.raw.nak(delay=backoff(d.num_delivered, base=0.2, cap=15))
+            await d.nak(delay=backoff(d.num_delivered, base=0.2, cap=15))
             EVENTS_CONSUMED.labels(self.durable, "nak").inc()
             return
-        await d.raw.ack()
+        await d.ack()
         EVENTS_CONSUMED.labels(self.durable, "handled").inc()
+
+    async def _dead_letter(self, d: Delivery, reason: str) -> None:
+        await self.bus.dead_letter(subject=d.subject, payload=d.data, consumer=self.durable, reason=reason,
+                                   stream_seq=d.seq, headers=d.headers)
+        await d.term()
+        EVENTS_CONSUMED.labels(self.durable, "dead_lettered").inc()
 
 
 async def _sleep(stop: asyncio.Event, seconds: float) -> None:

@@ -114,15 +114,15 @@ class ProjectionStore:
             fresh = [d for d in deliveries if d.seq > pos]  # the rest: already applied (redelivery, replay)
             if fresh:
                 last = max(last, max(d.seq for d in fresh))
-            todo = [d for d in fresh if d.error is None and d.message is not None]
+            todo = [(msg, d.seq) for d in fresh if d.error is None and (msg := d.message) is not None]
             applied = len(todo)
             if isinstance(projection, BatchedProjection):
-                ops = [op for d in todo for op in projection.statements(self.schema, d.message, d.seq)]
+                ops = [op for msg, seq in todo for op in projection.statements(self.schema, msg, seq)]
                 for sql, run in itertools.groupby(ops, key=lambda op: op[0]):
                     await conn.executemany(sql, [args for _, args in run])
             else:
-                for d in todo:
-                    await projection.apply(conn, self.schema, d.message, d.seq)
+                for msg, seq in todo:
+                    await projection.apply(conn, self.schema, msg, seq)
             if last > pos:
                 await conn.execute(
                     f"INSERT INTO {self.schema}.positions (projection, seq) VALUES ($1, $2) "

@@ -30,9 +30,56 @@ async def seq_at_time(bus: Bus, when: dt.datetime, stream: str = subjects.STREAM
     return int(headers["Nats-Sequence"])
 
 
+def _reply_position(reply: str) -> tuple[int, str]:
+    """The stream sequence and the pending count after this message, from its ack reply subject."""
+    tokens = reply.split(".")
+    if len(tokens) == 9:  # $JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<cseq>.<time>.<pending>
+        return int(tokens[5]), tokens[8]
+    return int(tokens[Msg.Ack.StreamSeq]), tokens[Msg.Ack.NumPending]  # the v2 form: domain, account hash
+
+
+class _Batcher:
+    """Collects a push consumer's messages (in its callback) into batches up to `end_seq`; a None
+    on the queue marks the end."""
+
+    def __init__(self, end_seq: int, batch: int) -> None:
+        self.end_seq = end_seq
+        self.batch = batch
+        self.queue: asyncio.Queue[list[Msg] | None] = asyncio.Queue()
+        self.pending: list[Msg] = []
+        self.finished = False
+
+    async def on_msg(self, m: Msg) -> None:
+        if self.finished:
+            return
+        seq, left = _reply_position(m.reply)
+        if seq <= self.end_seq:
+            self.pending.append(m)
+        if seq >= self.end_seq or left == "0":
+            self.finished = True
+        if self.finished or len(self.pending) >= self.batch:
+            self.queue.put_nowait(self.pending[:])
+            self.pending.clear()
+            if self.finished:
+                self.queue.put_nowait(None)
+
+    async def batches(self, quiet_s: float = 5.0) -> AsyncIterator[list[Msg]]:
+        while True:
+            try:
+                item = await asyncio.wait_for(self.queue.get(), timeout=quiet_s)
+            except asyncio.TimeoutError:  # nothing for a while: the server has nothing more for us
+                if self.pending:
+                    yield self.pending[:]
+                return
+            if item is None:
+                return
+            if item:
+                yield item
+
+
 async def _read_push(bus: Bus, filters: Sequence[str] = (f"{subjects.ROOT}.>",), *, start_seq: int = 1,
-                    end_seq: int | None = None, batch: int = 2000,
-                    stream: str = subjects.STREAM) -> AsyncIterator[list[Msg]]:
+                     end_seq: int | None = None, batch: int = 2000,
+                     stream: str = subjects.STREAM) -> AsyncIterator[list[Msg]]:
     """One filter: an ordered PUSH consumer whose messages arrive in a callback (nats-py's fetch()
     costs a task and a timer per message; this is ~3x faster). Flow control and gap detection are
     nats-py's ordered consumer's. The end: end_seq, or the reply subject's pending count reaching 0."""
@@ -40,50 +87,17 @@ async def _read_push(bus: Bus, filters: Sequence[str] = (f"{subjects.ROOT}.>",),
         end_seq = (await bus.js.stream_info(stream)).state.last_seq
     if start_seq > end_seq:
         return
-    filters = list(filters)
-    queue: asyncio.Queue[list[Msg] | None] = asyncio.Queue()
-    pending: list[Msg] = []
-    finished = False
-
-    async def on_msg(m: Msg) -> None:
-        nonlocal finished
-        if finished:
-            return
-        # the reply subject carries the stream sequence and how many are pending after this one
-        tokens = m.reply.split(".")
-        if len(tokens) == 9:  # $JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<cseq>.<time>.<pending>
-            seq, left = int(tokens[5]), tokens[8]
-        else:  # the v2 form, with domain and account hash
-            seq, left = int(tokens[Msg.Ack.StreamSeq]), tokens[Msg.Ack.NumPending]
-        if seq <= end_seq:
-            pending.append(m)
-        if seq >= end_seq or left == "0":
-            finished = True
-        if finished or len(pending) >= batch:
-            queue.put_nowait(pending[:])
-            pending.clear()
-            if finished:
-                queue.put_nowait(None)
-
+    batcher = _Batcher(end_seq, batch)
     config = ConsumerConfig(deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=max(1, start_seq),
                             mem_storage=True)
-    sub = await bus.js.subscribe(filters[0], ordered_consumer=True, cb=on_msg, config=config,
+    sub = await bus.js.subscribe(list(filters)[0], ordered_consumer=True, cb=batcher.on_msg, config=config,
                                  pending_msgs_limit=1_000_000, pending_bytes_limit=1 << 30)
     try:
         info = await sub.consumer_info()
-        if info.num_pending == 0 and info.delivered.consumer_seq == 0:
+        if info.num_pending == 0 and (info.delivered is None or info.delivered.consumer_seq == 0):
             return  # nothing matches
-        while True:
-            try:
-                item = await asyncio.wait_for(queue.get(), timeout=5.0)
-            except asyncio.TimeoutError:  # nothing for 5 s: the server has nothing more for us
-                if pending:
-                    yield pending[:]
-                return
-            if item is None:
-                return
-            if item:
-                yield item
+        async for item in batcher.batches():
+            yield item
     finally:
         await sub.unsubscribe()
 

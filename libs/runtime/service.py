@@ -25,6 +25,7 @@ from .bus import Bus
 from .config import Settings
 from .consumer import Delivery, OrderedConsumer, WorkConsumer
 from .projection import Projection, ProjectionStore, schema_for
+from .tasks import spawn
 from .telemetry import consuming_span, setup_logging, setup_tracing
 
 log = logging.getLogger("levers9.service")
@@ -39,12 +40,13 @@ class _Server(uvicorn.Server):
 class Service:
     name: str = ""
     projections: Sequence[Projection] = ()
+    # set by connect(), before on_start(): everything after it may use them as they are
+    bus: Bus
+    pool: asyncpg.Pool
+    store: ProjectionStore
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        self.bus: Bus | None = None
-        self.pool: asyncpg.Pool | None = None
-        self.store: ProjectionStore | None = None
         self.stop = asyncio.Event()
         self.started_at = time.time()
         self.schema = schema_for(self.name)
@@ -95,7 +97,7 @@ class Service:
             self.projected[p.name] = await self.store.position(p)
 
     def ordered_consumers(self) -> list[OrderedConsumer]:
-        out = []
+        out: list[OrderedConsumer] = []
         for p in self.projections:
             async def position(p: Projection = p) -> int:
                 return await self.store.position(p)
@@ -158,7 +160,8 @@ class Service:
         return app
 
     async def checks(self) -> dict[str, str]:
-        out = {"nats": "ok" if self.bus and self.bus.nc.is_connected else "disconnected"}
+        bus: Bus | None = getattr(self, "bus", None)  # None until connect()
+        out = {"nats": "ok" if bus and bus.nc.is_connected else "disconnected"}
         try:
             await asyncio.wait_for(self.pool.fetchval("SELECT 1"), timeout=2)
             out["postgres"] = "ok"
@@ -179,31 +182,39 @@ class Service:
         await self.on_start()
         server = _Server(uvicorn.Config(self.app(), host=s.http_host, port=s.http_port, log_config=None,
                                         access_log=False, lifespan="off"))
-        server_task = asyncio.create_task(server.serve(), name="http")
-        loops = [c.run for c in self.ordered_consumers()] + [c.run for c in self.reactions()] + self.background()
-        tasks = [asyncio.create_task(fn(self.stop)) for fn in loops]
-        log.info("%s started on %s:%s", self.name, s.http_host, s.http_port)
-        stop_wait = asyncio.create_task(self.stop.wait())
-        failed: list[asyncio.Task] = []
-        pending = {stop_wait, server_task, *tasks}
-        while not self.stop.is_set() and not server_task.done():
-            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-            # a loop that finished its job (e.g. registering) is fine; one that died stops the process
-            failed += [t for t in done if t is not stop_wait and not t.cancelled() and t.exception()]
-            if failed:
-                break
-        for t in failed:
-            log.error("%s: task %s died: %r", self.name, t.get_name(), t.exception())
-        self.stop.set()
-        log.info("%s stopping: finishing the work in hand", self.name)
-        if tasks:
-            await asyncio.wait(tasks, timeout=20)
+        server_task = spawn(server.serve(), name=f"{self.name} http", logger=log)
+        failed = await self._run_loops(server_task)
         server.should_exit = True
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(server_task, timeout=5)
+        done, _ = await asyncio.wait({server_task}, timeout=5)  # its failure is logged by spawn
+        if not done:
+            server_task.cancel()
         await self.on_stop()
         await self.bus.close()
         await self.pool.close()
         log.info("%s stopped", self.name)
         if failed:
             raise SystemExit(1)
+
+    async def _run_loops(self, server_task: asyncio.Task[None]) -> bool:
+        """Run the consumers and background loops until asked to stop, the HTTP server ends, or a
+        loop dies (its exception is logged by spawn); True when one died. On return every loop has
+        finished the work in hand (or 20 s passed)."""
+        s = self.settings
+        loops = [c.run for c in self.ordered_consumers()] + [c.run for c in self.reactions()] + self.background()
+        tasks = [spawn(fn(self.stop), name=f"{self.name} {getattr(fn, '__qualname__', fn)}", logger=log)
+                 for fn in loops]
+        log.info("%s started on %s:%s", self.name, s.http_host, s.http_port)
+        stop_wait = spawn(self.stop.wait(), name=f"{self.name} stop")
+        failed = False
+        pending: set[asyncio.Task[Any]] = {stop_wait, server_task, *tasks}
+        while not self.stop.is_set() and not server_task.done():
+            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            # a loop that finished its job (e.g. registering) is fine; one that died stops the process
+            if any(t is not stop_wait and not t.cancelled() and t.exception() for t in done):
+                failed = True
+                break
+        self.stop.set()
+        log.info("%s stopping: finishing the work in hand", self.name)
+        if tasks:
+            await asyncio.wait(tasks, timeout=20)
+        return failed

@@ -6,8 +6,8 @@ import hashlib
 import secrets
 from dataclasses import dataclass
 
-from levers9.contracts import uuid7
 from levers9.contracts import events as E
+from levers9.contracts import uuid7
 
 TOKEN_PREFIX = "l9_"
 

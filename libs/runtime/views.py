@@ -52,11 +52,12 @@ class ContainersView(BatchedProjection):
 
     def statements(self, schema: str, msg: Message, seq: int) -> list[tuple[str, tuple]]:
         ev, env, at = msg.event, msg.envelope, occurred(msg)
+        container_id = ev.aggregate_id  # every event here is of a container
         out: list[tuple[str, tuple]] = []
         status = CONTAINER_STATUS.get(env.type, "")
         if not status:  # an event that changes no status still moves the aggregate's position
             out.append((f"""UPDATE {schema}.containers SET last_seq = $3, version = version + 1
-                            WHERE workspace = $1 AND container_id = $2""", (env.workspace, ev.container_id, seq)))
+                            WHERE workspace = $1 AND container_id = $2""", (env.workspace, container_id, seq)))
             return out
         if isinstance(ev, E.ContainerRequested):
             res = ev.resources
@@ -95,7 +96,7 @@ class ContainersView(BatchedProjection):
                 exit_code = COALESCE($9, {schema}.containers.exit_code), last_seq = $10,
                 ready_at = CASE WHEN $6::text <> '' AND $7::text <> '' THEN $4::timestamptz
                                 ELSE {schema}.containers.ready_at END""",
-            (env.workspace, ev.container_id, status, at, env.correlation_id, getattr(ev, "worker_id", ""),
+            (env.workspace, container_id, status, at, env.correlation_id, getattr(ev, "worker_id", ""),
              getattr(ev, "address", ""), getattr(ev, "reason", ""), getattr(ev, "exit_code", None), seq)))
         note = getattr(ev, "note", "")
         if note or isinstance(ev, (E.ContainerScheduled, E.ContainerStarted)):
@@ -104,7 +105,7 @@ class ContainersView(BatchedProjection):
                     restored_from = CASE WHEN $4 <> '' THEN $4 ELSE restored_from END,
                     checkpoint_to_restore = CASE WHEN $6 THEN $5 ELSE checkpoint_to_restore END
                     WHERE workspace = $1 AND container_id = $2""",
-                (env.workspace, ev.container_id, note, getattr(ev, "restored_from", ""),
+                (env.workspace, container_id, note, getattr(ev, "restored_from", ""),
                  getattr(ev, "checkpoint_id", ""), isinstance(ev, E.ContainerScheduled))))
         return out
 
@@ -136,7 +137,8 @@ class WorkersView(Projection):
 
     async def apply(self, conn: asyncpg.Connection, schema: str, msg: Message, seq: int) -> None:
         ev, at = msg.event, occurred(msg)
-        await conn.execute(f"UPDATE {schema}.workers SET last_seq = $2 WHERE worker_id = $1", ev.worker_id, seq)
+        worker_id = ev.aggregate_id  # every event here is of a worker
+        await conn.execute(f"UPDATE {schema}.workers SET last_seq = $2 WHERE worker_id = $1", worker_id, seq)
         if msg.envelope.type in SLOT_EVENTS:
             await self._slots(conn, schema, ev, seq)
             return
@@ -146,7 +148,7 @@ class WorkersView(Projection):
         await conn.execute(
             f"""INSERT INTO {schema}.workers (worker_id, status, updated_at, version) VALUES ($1, $2, $3, 1)
                 ON CONFLICT (worker_id) DO UPDATE SET status = $2, updated_at = $3,
-                version = {schema}.workers.version + 1, last_seq = $4""", ev.worker_id, status, at, seq)
+                version = {schema}.workers.version + 1, last_seq = $4""", worker_id, status, at, seq)
         if isinstance(ev, E.WorkerRegistered):
             await conn.execute(
                 f"""UPDATE {schema}.workers SET pool=$2, cpu_millicores=$3, memory_mib=$4, gpu_type=$5,
@@ -229,10 +231,9 @@ class DeploymentsView(Projection):
                 f"CREATE INDEX IF NOT EXISTS deployments_name ON {schema}.deployments (workspace, name, version)"]
 
     async def apply(self, conn: asyncpg.Connection, schema: str, msg: Message, seq: int) -> None:
-        ev = msg.event
         await self._apply(conn, schema, msg)
         await conn.execute(f"UPDATE {schema}.deployments SET last_seq=$3 WHERE workspace=$1 AND deployment_id=$2",
-                           msg.envelope.workspace, ev.deployment_id, seq)
+                           msg.envelope.workspace, msg.event.aggregate_id, seq)
 
     async def _apply(self, conn: asyncpg.Connection, schema: str, msg: Message) -> None:
         ev = msg.event
@@ -314,7 +315,8 @@ class CheckpointsView(Projection):
         await conn.execute(
             f"""INSERT INTO {schema}.checkpoints (workspace, checkpoint_id, status, updated_at, created_at, version)
                 VALUES ($1,$2,$3,$4,$4,1) ON CONFLICT (workspace, checkpoint_id) DO UPDATE SET status=$3,
-                updated_at=$4, version={schema}.checkpoints.version + 1""", env.workspace, ev.checkpoint_id, status, at)
+                updated_at=$4, version={schema}.checkpoints.version + 1""", env.workspace, ev.aggregate_id, status,
+            at)
         if isinstance(ev, E.CheckpointDumped):
             await conn.execute(
                 f"""UPDATE {schema}.checkpoints SET deployment_id=$3, deployment_version=$4, container_id=$5,
@@ -360,5 +362,5 @@ class ImageBuildsView(Projection):
                 status=$3, digest=CASE WHEN $4 <> '' THEN $4 ELSE {schema}.builds.digest END,
                 location=CASE WHEN $5 <> '' THEN $5 ELSE {schema}.builds.location END, reason=$6,
                 updated_at=$7, version={schema}.builds.version + 1""",
-            env.workspace, ev.image_id, status, getattr(ev, "digest", ""), getattr(ev, "location", ""),
+            env.workspace, ev.aggregate_id, status, getattr(ev, "digest", ""), getattr(ev, "location", ""),
             getattr(ev, "reason", ""), occurred(msg))
