@@ -11,6 +11,7 @@ import textwrap
 from pathlib import Path
 
 import httpx
+import msgspec
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -18,6 +19,7 @@ from hypothesis import strategies as st
 from levers9 import App, Image, Secret
 from levers9.app import SPEC_KEYS, ConfigError, load_app_file, parse_cpu, parse_gpu, parse_memory
 from levers9.client import MAX_CODE_BYTES, Client, ClientError, code_files, package_code
+from levers9.contracts.spec import decode_spec
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
@@ -132,11 +134,11 @@ def test_gpu_count_defaults():
     def none():
         pass
 
-    specs = {s["name"]: s for s in app.specs()}
-    assert (specs["one"]["gpu"], specs["one"]["gpu_count"]) == (["T4"], 1)
-    assert (specs["two"]["gpu"], specs["two"]["gpu_count"]) == (["H100", "A100"], 2)
-    assert (specs["any-gpu"]["gpu"], specs["any-gpu"]["gpu_count"]) == ([], 1)
-    assert (specs["none"]["gpu"], specs["none"]["gpu_count"]) == ([], 0)
+    specs = {s["name"]: decode_spec(json.dumps(s)).resources for s in app.specs()}
+    assert (specs["one"].gpu, specs["one"].gpu_count) == (["T4"], 1)
+    assert (specs["two"].gpu, specs["two"].gpu_count) == (["H100", "A100"], 2)
+    assert (specs["any-gpu"].gpu, specs["any-gpu"].gpu_count) == ([], 1)
+    assert (specs["none"].gpu, specs["none"].gpu_count) == ([], 0)
     with pytest.raises(ConfigError, match="gpu_count=0 asks for no GPU"):
         app.endpoint(name="zero", gpu="T4", gpu_count=0)(lambda: None)
 
@@ -155,13 +157,18 @@ def test_spec_has_exactly_the_documented_keys_and_defaults():
         return x * 2
 
     [spec] = app.specs()
-    assert tuple(spec) == SPEC_KEYS
-    assert spec == {
-        "name": "handler", "kind": "endpoint", "module": __name__, "handler": "handler", "on_start": "",
-        "cpu_millicores": 1000, "memory_mib": 1024, "gpu": [], "gpu_count": 0, "image": None,
-        "keep_warm_seconds": 60, "min_containers": 0, "max_containers": 1, "concurrency": 1,
-        "timeout_seconds": 180, "secrets": [], "env": {}, "checkpoint_enabled": False, "pool": "default",
-        "app_name": "demo-1"}
+    # only what the SDK works out; DeploymentSpec's defaults fill in the rest
+    assert spec == {"name": "handler", "app_name": "demo-1",
+                    "code": {"kind": "endpoint", "module": __name__, "handler": "handler"}}
+    assert set(spec) <= set(SPEC_KEYS)
+    assert msgspec.to_builtins(decode_spec(json.dumps(spec))) == {
+        "name": "handler", "app_name": "demo-1",
+        "code": {"kind": "endpoint", "module": __name__, "handler": "handler", "on_start": "", "sha256": "",
+                 "key": ""},
+        "image": None,
+        "resources": {"cpu_millicores": 1000, "memory_mib": 1024, "gpu": [], "gpu_count": 0},
+        "scaling": {"keep_warm_seconds": 60, "min_containers": 0, "max_containers": 1, "concurrency": 1},
+        "timeout_seconds": 180, "secrets": [], "env": {}, "checkpoint_enabled": False, "pool": "default"}
     assert handler(x=3) == 6  # still callable locally
 
 
@@ -179,16 +186,18 @@ def test_spec_with_every_option():
         return asgi
 
     [spec] = app.specs()
-    assert spec["kind"] == "asgi" and spec["handler"] == "make_app" and spec["on_start"] == "load"
-    assert (spec["cpu_millicores"], spec["memory_mib"], spec["gpu"], spec["gpu_count"]) == (250, 2048,
-                                                                                          ["H100", "A100"], 1)
+    code, res, scale = spec["code"], spec["resources"], spec["scaling"]
+    assert code["kind"] == "asgi" and code["handler"] == "make_app" and code["on_start"] == "load"
+    assert (res["cpu_millicores"], res["memory_mib"], res["gpu"], res["gpu_count"]) == (250, 2048,
+                                                                                      ["H100", "A100"], 1)
     assert spec["image"] == {"base": "debian:bookworm", "python_packages": ["numpy==2.1.0"],
                              "commands": ["apt-get update"]}
     assert spec["secrets"] == ["API_KEY", "DB_URL"] and spec["env"] == {"MODE": "prod"}
-    assert (spec["min_containers"], spec["max_containers"], spec["concurrency"], spec["timeout_seconds"],
-            spec["keep_warm_seconds"], spec["checkpoint_enabled"], spec["pool"]) == (1, 3, 8, 30, 5, True,
-                                                                                     "gpu-pool")
-    json.dumps(spec)  # what the gateway receives is JSON
+    assert (scale["min_containers"], scale["max_containers"], scale["concurrency"], spec["timeout_seconds"],
+            scale["keep_warm_seconds"], spec["checkpoint_enabled"], spec["pool"]) == (1, 3, 8, 30, 5, True,
+                                                                                      "gpu-pool")
+    assert msgspec.to_builtins(decode_spec(json.dumps(spec))).items() >= {  # what the gateway receives is JSON
+        k: v for k, v in spec.items() if k != "code"}.items()
 
 
 def test_default_names_follow_the_url_rule():
@@ -199,7 +208,7 @@ def test_default_names_follow_the_url_rule():
         pass
 
     [spec] = app.specs()
-    assert (spec["name"], spec["handler"]) == ("say-hello", "say_hello")
+    assert (spec["name"], spec["code"]["handler"]) == ("say-hello", "say_hello")
     with pytest.raises(ConfigError, match="endpoint name 'say_hello' is not valid: .* e.g. 'say-hello'"):
         app.endpoint(name="say_hello")(say_hello)
 
@@ -212,8 +221,8 @@ def test_decorator_without_parentheses_and_specs_are_copies():
         return "ok"
 
     assert f() == "ok"
-    app.specs()[0]["env"]["X"] = "1"
-    assert app.specs()[0]["env"] == {}
+    app.specs()[0]["code"]["handler"] = "g"
+    assert app.specs()[0]["code"]["handler"] == "f"
 
 
 @pytest.mark.parametrize("name, hint", [("Hello", "'hello'"), ("my_app", "'my-app'"), ("-x", "'x'"), ("", None),
@@ -278,14 +287,17 @@ def write(path: Path, text: str) -> Path:
 def test_load_hello_example():
     [spec] = load_app_file(EXAMPLES / "hello.py")
     assert spec["name"] == "hello" and spec["app_name"] == "hello"
-    assert (spec["module"], spec["handler"], spec["on_start"]) == ("hello", "hello", "load")
-    assert (spec["cpu_millicores"], spec["memory_mib"], spec["keep_warm_seconds"]) == (500, 256, 30)
-    assert spec["kind"] == "endpoint"
+    code = spec["code"]
+    assert (code["module"], code["handler"], code["on_start"]) == ("hello", "hello", "load")
+    assert (spec["resources"]["cpu_millicores"], spec["resources"]["memory_mib"],
+            spec["scaling"]["keep_warm_seconds"]) == (500, 256, 30)
+    assert code["kind"] == "endpoint"
 
 
 def test_load_asgi_example():
     [spec] = load_app_file(EXAMPLES / "asgi_app.py")
-    assert (spec["kind"], spec["name"], spec["module"], spec["handler"]) == ("asgi", "asgi-demo", "asgi_app", "web")
+    code = spec["code"]
+    assert (code["kind"], spec["name"], code["module"], code["handler"]) == ("asgi", "asgi-demo", "asgi_app", "web")
 
 
 def test_load_missing_and_not_python(tmp_path):
@@ -378,7 +390,7 @@ def test_load_finds_an_asgi_object_by_its_variable(tmp_path):
         web = app.asgi(name="web")(Web())
         """)
     [spec] = load_app_file(f)
-    assert (spec["module"], spec["handler"], spec["kind"]) == ("objapp", "web", "asgi")
+    assert (spec["code"]["module"], spec["code"]["handler"], spec["code"]["kind"]) == ("objapp", "web", "asgi")
 
 
 def test_load_reads_changes_again(tmp_path):
@@ -391,9 +403,9 @@ def test_load_reads_changes_again(tmp_path):
         def f():
             pass
         """)
-    assert load_app_file(f)[0]["memory_mib"] == 256
+    assert load_app_file(f)[0]["resources"]["memory_mib"] == 256
     write(tmp_path / "util.py", "MEM = '1Gi'\n")
-    assert load_app_file(f)[0]["memory_mib"] == 1024
+    assert load_app_file(f)[0]["resources"]["memory_mib"] == 1024
 
 
 # ---- packaging ----------------------------------------------------------------------------------------

@@ -1,6 +1,10 @@
 """The SDK: `App`, its `@app.endpoint` and `@app.asgi` decorators, `Image`, `Secret`, and
 `load_app_file`, which reads the specs the gateway receives out of a user's .py file.
 
+A spec is plain JSON of `levers9.contracts.spec.DeploymentSpec` (code, resources in millicores and
+MiB, scaling, ...) holding the options that were passed; the gateway decodes it and fills in the
+Struct's defaults.
+
 Standard library only: inside a container this package is mounted alone on a bare python3, and the
 user's file imports it (`from levers9 import App`) before the runner can serve anything.
 """
@@ -10,214 +14,38 @@ from __future__ import annotations
 import copy
 import importlib.util
 import inspect
-import math
 import os
 import re
 import sys
 import traceback
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from levers9.options import (
+    UNSET,
+    ConfigError,
+    Image,
+    Secret,
+    check_name,
+    drop_unset,
+    env_vars,
+    given,
+    on_start_name,
+    parse_cpu,
+    parse_gpu,
+    parse_memory,
+    resources,
+    scaling,
+    secret_names,
+    whole,
+)
+
 __all__ = ["App", "ConfigError", "Image", "Secret", "load_app_file", "parse_cpu", "parse_memory", "parse_gpu"]
 
-# app and pool names end up in URLs, subjects and labels: a DNS label
-APP_NAME_RE = re.compile(r"^[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?$")
-MIN_MEMORY_MIB = 16  # what the gateway accepts
-ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-GPU_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,31}$")
-MEMORY_RE = re.compile(r"^(\d+(?:\.\d+)?)(Mi|Gi|Ti|M|G|T)?$")
-MEMORY_UNITS_MIB = {None: 1, "Mi": 1, "M": 1, "Gi": 1024, "G": 1024, "Ti": 1024 * 1024, "T": 1024 * 1024}
-CPU_RE = re.compile(r"^(\d+(?:\.\d+)?)(m)?$")
-
-SPEC_KEYS = ("name", "kind", "module", "handler", "on_start", "cpu_millicores", "memory_mib", "gpu",
-             "gpu_count", "image", "keep_warm_seconds", "min_containers", "max_containers", "concurrency",
-             "timeout_seconds", "secrets", "env", "checkpoint_enabled", "pool", "app_name")
-
-
-class ConfigError(ValueError):
-    """A mistake in an app's configuration; the message says what is wrong and how to fix it."""
-
-
-# ---- parsing one option ------------------------------------------------------------------------
-
-def parse_memory(value: Any) -> int:
-    """Memory in MiB: an int (MiB) or a string like '512Mi', '2Gi', '1G', '512M'.
-
-    M and G mean MiB and GiB, as in Docker (`--memory 1g` is 1024 MiB). Fractions round up: '1.5Gi'
-    is 1536, '0.5Mi' is 1.
-    """
-    def bad() -> ConfigError:
-        return ConfigError(f"memory {value!r} is not understood: use MiB as a number or a string like "
-                           "'512Mi' or '2Gi'")
-
-    if isinstance(value, bool):
-        raise bad()
-    if isinstance(value, int):
-        mib = value
-    elif isinstance(value, float) and value.is_integer():
-        mib = int(value)
-    elif isinstance(value, str):
-        m = MEMORY_RE.match(value.strip())
-        if not m:
-            raise bad()
-        mib = math.ceil(float(m.group(1)) * MEMORY_UNITS_MIB[m.group(2)])
-    else:
-        raise bad()
-    if mib < MIN_MEMORY_MIB:
-        raise ConfigError(f"memory {value!r} is too small: ask for at least {MIN_MEMORY_MIB} MiB, e.g. "
-                          "memory='256Mi'")
-    return mib
-
-
-def parse_cpu(value: Any) -> int:
-    """CPU in millicores from cores (0.5, 2) or a string ('0.5', '500m')."""
-    def bad() -> ConfigError:
-        return ConfigError(f"cpu {value!r} is not understood: use cores as a positive number, e.g. cpu=0.5 "
-                           "or cpu=2 (or a string like '500m')")
-
-    if isinstance(value, bool):
-        raise bad()
-    if isinstance(value, (int, float)):
-        if not math.isfinite(value) or value <= 0:
-            raise bad()
-        millicores = round(value * 1000)
-    elif isinstance(value, str):
-        m = CPU_RE.match(value.strip())
-        if not m:
-            raise bad()
-        number = float(m.group(1))
-        millicores = round(number if m.group(2) else number * 1000)
-    else:
-        raise bad()
-    if millicores < 1:
-        raise ConfigError(f"cpu {value!r} is too small: ask for at least 0.001 cores (cpu='1m')")
-    return millicores
-
-
-def parse_gpu(gpu: Any) -> list[str]:
-    """GPU types in order of preference: None, 'T4', or ['H100', 'A100']; duplicates dropped."""
-    if gpu is None:
-        return []
-    names = [gpu] if isinstance(gpu, str) else gpu
-    if not isinstance(names, (list, tuple)) or not names:
-        raise ConfigError(f"gpu {gpu!r} is not understood: use None, a type like 'T4', or a list in order "
-                          "of preference like ['H100', 'A100']")
-    out: list[str] = []
-    for name in names:
-        if not isinstance(name, str) or not GPU_NAME_RE.match(name.strip()):
-            raise ConfigError(f"gpu type {name!r} is not a GPU type name: use names like 'T4', 'A100' or "
-                              "'H100'")
-        if name.strip() not in out:
-            out.append(name.strip())
-    return out
-
-
-def _gpu_count(gpu_count: Any, gpus: list[str]) -> int:
-    if gpu_count is None:
-        return 1 if gpus else 0
-    count = _whole(gpu_count, "gpu_count", 0, "gpu_count=1")
-    if gpus and count == 0:
-        raise ConfigError(f"gpu={gpus!r} with gpu_count=0 asks for no GPU: drop gpu, or set gpu_count=1")
-    return count
-
-
-def _whole(value: Any, option: str, minimum: int, example: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ConfigError(f"{option} {value!r} is not valid: use a whole number of at least {minimum}, "
-                          f"e.g. {example}")
-    return value
-
-
-def _suggest(name: str) -> str:
-    s = re.sub("[^a-z0-9-]+", "-", name.lower()).strip("-")[:63].strip("-")
-    return s or "my-app"
-
-
-def _check_name(name: Any, what: str) -> str:
-    if not isinstance(name, str) or not APP_NAME_RE.match(name):
-        hint = _suggest(name) if isinstance(name, str) else "my-app"
-        raise ConfigError(f"{what} {name!r} is not valid: use lowercase letters, digits and '-', at most 63, "
-                          f"starting and ending with a letter or digit, e.g. {hint!r}")
-    return name
-
-
-# ---- Image and Secret ----------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class Image:
-    """The container image: recorded in the spec (the image builder comes later)."""
-    python_packages: list[str] = field(default_factory=list)
-    commands: list[str] = field(default_factory=list)
-    base: str = "debian:bookworm"
-
-    def __post_init__(self) -> None:
-        for option in ("python_packages", "commands"):
-            value = getattr(self, option)
-            if isinstance(value, str) or not isinstance(value, (list, tuple)) or \
-                    not all(isinstance(v, str) and v.strip() for v in value):
-                raise ConfigError(f"Image {option} {value!r} is not valid: use a list of strings, e.g. "
-                                  f"{option}={['numpy==2.1.0'] if option == 'python_packages' else ['apt-get update']}")
-            object.__setattr__(self, option, list(value))
-        if not isinstance(self.base, str) or not self.base.strip():
-            raise ConfigError(f"Image base {self.base!r} is not valid: name an image, e.g. base='debian:bookworm'")
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"base": self.base, "python_packages": list(self.python_packages), "commands": list(self.commands)}
-
-
-@dataclass(frozen=True)
-class Secret:
-    """A secret stored with `levers9 secret create NAME VALUE`, given to the container as $NAME."""
-    name: str
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.name, str) or not ENV_NAME_RE.match(self.name):
-            raise ConfigError(f"secret name {self.name!r} is not valid: it becomes an environment variable, so "
-                              "use letters, digits and '_', not starting with a digit, e.g. 'OPENAI_API_KEY'")
-
-
-def _secret_names(secrets: Any) -> list[str]:
-    if secrets is None:
-        return []
-    if isinstance(secrets, (str, Secret)) or not isinstance(secrets, (list, tuple)):
-        raise ConfigError(f"secrets {secrets!r} is not valid: use a list of names or Secret objects, e.g. "
-                          "secrets=['API_KEY']")
-    names: list[str] = []
-    for s in secrets:
-        name = (s if isinstance(s, Secret) else Secret(s)).name
-        if name not in names:
-            names.append(name)
-    return names
-
-
-def _env(env: Any) -> dict[str, str]:
-    if env is None:
-        return {}
-    if not isinstance(env, dict):
-        raise ConfigError(f"env {env!r} is not valid: use a dict of strings, e.g. env={{'LOG_LEVEL': 'info'}}")
-    for key, value in env.items():
-        if not isinstance(key, str) or not ENV_NAME_RE.match(key):
-            raise ConfigError(f"env name {key!r} is not valid: use letters, digits and '_', not starting with a "
-                              "digit, e.g. 'LOG_LEVEL'")
-        if key.upper().startswith("LEVERS9_"):
-            raise ConfigError(f"env name {key!r} is reserved: LEVERS9_* variables belong to the runner; "
-                              "choose another name")
-        if not isinstance(value, str):
-            raise ConfigError(f"env[{key!r}] = {value!r} is not a string: write it as one, e.g. {str(value)!r}")
-    return dict(env)
-
-
-def _on_start_name(on_start: Any) -> str:
-    if on_start is None:
-        return ""
-    name = getattr(on_start, "__name__", "")
-    qualname = getattr(on_start, "__qualname__", "")
-    if not callable(on_start) or not inspect.isfunction(on_start) or name == "<lambda>" or qualname != name:
-        raise ConfigError(f"on_start {on_start!r} is not valid: the container finds it by name, so pass a "
-                          "function defined at the top level of the module (def load(): ...; on_start=load)")
-    return name
-
+# the top-level keys of DeploymentSpec, the ones a spec may have
+SPEC_KEYS = ("name", "app_name", "code", "image", "resources", "scaling", "timeout_seconds", "secrets", "env",
+             "checkpoint_enabled", "pool")
 
 # ---- App -----------------------------------------------------------------------------------------
 
@@ -247,7 +75,7 @@ class App:
     """
 
     def __init__(self, name: str):
-        self.name = _check_name(name, "app name")
+        self.name = check_name(name, "app name")
         self._registrations: list[_Registration] = []
 
     def __repr__(self) -> str:
@@ -275,12 +103,38 @@ class App:
 
         return register(func) if func is not None else register
 
-    def _register(self, kind: str, obj: Any, *, name: str | None = None, cpu: Any = 1.0, memory: Any = 1024,
+    def _register(self, kind: str, obj: Any, *, name: str | None = None, cpu: Any = UNSET, memory: Any = UNSET,
                   gpu: Any = None, gpu_count: int | None = None, image: Image | None = None,
-                  keep_warm_seconds: int = 60, min_containers: int = 0, max_containers: int = 1,
-                  concurrency: int = 1, timeout: int = 180, secrets: Any = None, env: Any = None,
-                  on_start: Callable[..., Any] | None = None, checkpoint_enabled: bool = False,
-                  pool: str = "default") -> None:
+                  keep_warm_seconds: Any = UNSET, min_containers: Any = UNSET, max_containers: Any = UNSET,
+                  concurrency: Any = UNSET, timeout: Any = UNSET, secrets: Any = None, env: Any = None,
+                  on_start: Callable[..., Any] | None = None, checkpoint_enabled: Any = UNSET,
+                  pool: Any = UNSET) -> None:
+        """Check the options and keep the spec: only what was passed (and what the SDK works out),
+        so DeploymentSpec's defaults apply to the rest."""
+        handler, name = self._names(kind, obj, name)
+        if image is not None and not isinstance(image, Image):
+            raise ConfigError(f"image {image!r} is not valid: use Image(python_packages=[...]) or None")
+        if checkpoint_enabled is not UNSET and not isinstance(checkpoint_enabled, bool):
+            raise ConfigError(f"checkpoint_enabled {checkpoint_enabled!r} is not valid: use True or False")
+        code = {"kind": kind, "module": _module_name(obj) if handler else "", "handler": handler,
+                "on_start": on_start_name(on_start) if on_start is not None else UNSET}
+        spec = {
+            "name": name,
+            "app_name": self.name,
+            "code": drop_unset(code),
+            "image": image.to_dict() if image is not None else UNSET,
+            "resources": resources(cpu, memory, gpu, gpu_count),
+            "scaling": scaling(keep_warm_seconds, min_containers, max_containers, concurrency),
+            "timeout_seconds": given(timeout, lambda v: whole(v, "timeout", 1, "timeout=180")),
+            "secrets": secret_names(secrets) if secrets is not None else UNSET,
+            "env": env_vars(env) if env is not None else UNSET,
+            "checkpoint_enabled": checkpoint_enabled,
+            "pool": given(pool, lambda v: check_name(v, "pool")),
+        }
+        self._registrations.append(_Registration(obj, drop_unset(spec), on_start))
+
+    def _names(self, kind: str, obj: Any, name: str | None) -> tuple[str, str]:
+        """(handler, endpoint name): the function's name, and the URL name (say_hello -> say-hello)."""
         if not callable(obj):
             raise ConfigError(f"@app.{kind} was given {obj!r}, which is not callable: decorate a function"
                               + (" or pass an ASGI app" if kind == "asgi" else ""))
@@ -289,42 +143,10 @@ class App:
             if not handler:
                 raise ConfigError(f"@app.{kind} cannot name {obj!r}: pass name='web'")
             name = handler.replace("_", "-").strip("-")  # names are URL paths: say_hello -> say-hello
-        _check_name(name, f"{kind} name")
+        check_name(name, f"{kind} name")
         if any(r.spec["name"] == name for r in self._registrations):
             raise ConfigError(f"app {self.name!r} already has an endpoint named {name!r}: pass another name=")
-        if image is not None and not isinstance(image, Image):
-            raise ConfigError(f"image {image!r} is not valid: use Image(python_packages=[...]) or None")
-        if not isinstance(checkpoint_enabled, bool):
-            raise ConfigError(f"checkpoint_enabled {checkpoint_enabled!r} is not valid: use True or False")
-        gpus = parse_gpu(gpu)
-        min_c = _whole(min_containers, "min_containers", 0, "min_containers=0")
-        max_c = _whole(max_containers, "max_containers", 1, "max_containers=1")
-        if max_c < min_c:
-            raise ConfigError(f"max_containers={max_c} is below min_containers={min_c}: raise max_containers "
-                              f"to at least {min_c}")
-        spec = {
-            "name": name,
-            "kind": kind,
-            "module": _module_name(obj) if handler else "",
-            "handler": handler,
-            "on_start": _on_start_name(on_start),
-            "cpu_millicores": parse_cpu(cpu),
-            "memory_mib": parse_memory(memory),
-            "gpu": gpus,
-            "gpu_count": _gpu_count(gpu_count, gpus),
-            "image": image.to_dict() if image is not None else None,
-            "keep_warm_seconds": _whole(keep_warm_seconds, "keep_warm_seconds", 0, "keep_warm_seconds=60"),
-            "min_containers": min_c,
-            "max_containers": max_c,
-            "concurrency": _whole(concurrency, "concurrency", 1, "concurrency=4"),
-            "timeout_seconds": _whole(timeout, "timeout", 1, "timeout=180"),
-            "secrets": _secret_names(secrets),
-            "env": _env(env),
-            "checkpoint_enabled": checkpoint_enabled,
-            "pool": _check_name(pool, "pool"),
-            "app_name": self.name,
-        }
-        self._registrations.append(_Registration(obj, spec, on_start))
+        return handler, name
 
     def specs(self) -> list[dict[str, Any]]:
         """The spec of every endpoint, as the gateway receives them (copies)."""
@@ -397,7 +219,7 @@ def _import_file(path: Path) -> Any:
         sys.modules.pop(stem, None)
         where = _where(exc, directory)
         raise ConfigError(f"{where}: {exc}" if where else str(exc)) from None
-    except (Exception, SystemExit) as exc:
+    except (Exception, SystemExit) as exc:  # noqa: BLE001 - whatever the user's module raises becomes a ConfigError naming it
         sys.modules.pop(stem, None)
         where = _where(exc, directory) or path.name
         fix = ("install it here, or import it inside the function that needs it"
@@ -410,18 +232,19 @@ def _import_file(path: Path) -> Any:
 def _resolve(reg: _Registration, module: Any, path: Path) -> dict[str, Any]:
     """The spec with module and handler checked (or found) the way the container will look them up."""
     spec = copy.deepcopy(reg.spec)
-    owner = sys.modules.get(spec["module"]) if spec["module"] else None
-    if not (owner is not None and getattr(owner, spec["handler"], None) is reg.obj):
+    code = spec["code"]
+    owner = sys.modules.get(code["module"]) if code["module"] else None
+    if not (owner is not None and getattr(owner, code["handler"], None) is reg.obj):
         found = [n for n, v in vars(module).items() if v is reg.obj and not n.startswith("__")]
         if not found:
-            what = spec["handler"] or spec["name"]
+            what = code["handler"] or spec["name"]
             raise ConfigError(f"endpoint {spec['name']!r}: {what} cannot be found by name in {path.name}: "
                               "define it (or assign it) at the top level of the module")
-        spec["module"], spec["handler"] = module.__name__, found[0]
+        code["module"], code["handler"] = module.__name__, found[0]
         owner = module
-    if reg.on_start is not None and getattr(owner, spec["on_start"], None) is not reg.on_start:
-        raise ConfigError(f"endpoint {spec['name']!r}: on_start {spec['on_start']} cannot be found by name in "
-                          f"module {spec['module']}: define it at the top level of that module, or import it there")
+    if reg.on_start is not None and getattr(owner, code["on_start"], None) is not reg.on_start:
+        raise ConfigError(f"endpoint {spec['name']!r}: on_start {code['on_start']} cannot be found by name in "
+                          f"module {code['module']}: define it at the top level of that module, or import it there")
     return spec
 
 

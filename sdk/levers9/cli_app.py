@@ -123,7 +123,7 @@ def serve(file: Path = typer.Argument(..., help="the .py file that defines the A
 
     Checks the mtimes of the .py files in FILE's directory every --interval seconds; follows the log
     of the newest container of each deployment."""
-    from levers9.client import code_files
+    from levers9.client import ClientError, code_files
 
     with errors():
         results = deploy_file(client, file, lambda msg: console.print(f"  {escape(msg)}"))
@@ -146,7 +146,7 @@ def serve(file: Path = typer.Argument(..., help="the .py file that defines the A
                 try:
                     results = deploy_file(lambda: c, file, lambda msg: console.print(f"  {escape(msg)}"))
                     _report(results)
-                except Exception as exc:  # ConfigError, ClientError: keep watching for the fix
+                except (ConfigError, ClientError, OSError) as exc:  # keep watching for the fix
                     console.print(f"[red]error:[/red] {escape(str(exc))}")
             if time.monotonic() - last_poll >= 2 * interval:
                 last_poll = time.monotonic()
@@ -173,6 +173,7 @@ class LogFollower:
     def __init__(self, c: "Client"):
         self.client = c
         self.following: dict[str, str] = {}  # deployment name -> container id
+        self.streams: dict[str, threading.Thread] = {}  # container id -> the thread streaming its log
         self.warned = False
 
     def update(self, results: list[dict[str, Any]]) -> None:
@@ -196,7 +197,9 @@ class LogFollower:
             if cid and self.following.get(r["name"]) != cid:
                 self.following[r["name"]] = cid
                 prefix = f"{r['name']} | " if len(results) > 1 else ""
-                threading.Thread(target=self._stream, args=(cid, prefix), daemon=True).start()
+                self.streams = {k: t for k, t in self.streams.items() if t.is_alive()}
+                self.streams[cid] = threading.Thread(target=self._stream, args=(cid, prefix), daemon=True)
+                self.streams[cid].start()
 
     def _stream(self, container_id: str, prefix: str) -> None:
         from levers9.client import Client, ClientError
@@ -234,7 +237,18 @@ def deployments_list(json_out: bool = JSON_OPTION) -> None:
     """List deployments."""
     with errors():
         rows = client().list_deployments()
-    show_rows(rows, ["name", "version", "status", "deployment_id", "created_at"], json_out)
+    show_rows(rows if json_out else [deployment_columns(r) for r in rows],
+              ["name", "version", "status", "cpu_millicores", "memory_mib", "gpu", "gpu_count", "deployment_id",
+               "created_at"], json_out)
+
+
+def deployment_columns(row: dict[str, Any]) -> dict[str, Any]:
+    """A deployment as the table shows it: what its spec asks for (spec.resources) in columns of its own."""
+    resources = (row.get("spec") or {}).get("resources") or {}
+    shown = {k: resources[k] for k in ("cpu_millicores", "memory_mib", "gpu_count") if k in resources}
+    if resources.get("gpu"):
+        shown["gpu"] = ",".join(resources["gpu"])  # types in order of preference
+    return {**{k: v for k, v in row.items() if k != "spec"}, **shown}
 
 
 @deployments_app.command("stop")

@@ -123,7 +123,8 @@ class Client:
     # -- deployments --
 
     def deploy(self, spec: dict[str, Any], code: bytes) -> dict[str, Any]:
-        """-> {"deployment_id", "name", "version", "url"}"""
+        """Deploy one endpoint: its spec (JSON of levers9.contracts.spec.DeploymentSpec, as
+        `load_app_file` returns it) and the code archive. -> {"deployment_id", "name", "version", "url"}"""
         return self._call("POST", "/api/v1/deployments", f"deploying {spec.get('name')!r}",
                           data={"spec": json.dumps(spec)},
                           files={"code": ("code.tar.gz", code, "application/gzip")}, timeout=DEPLOY_TIMEOUT)
