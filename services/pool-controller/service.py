@@ -2,47 +2,58 @@
 
 Every pass (after relevant events, or every 2 s), per pool: read the workers and the backlog
 (containers deferred in that pool) from its own projections, decide with `pool_delta` (pure), and
-act through the pool's backend. A worker whose heartbeat key expired (or whose local process
-exited) is declared lost (WorkerLost, with optimistic concurrency on the worker's subject, so two
-controllers append it once); the scheduler then requests its containers again elsewhere.
-Each worker started here gets a token valid for that worker alone (TokenCreated, scope worker:<id>).
+act through the pool's backend. Which workers are lost is decided by `rules.lost_workers` (pure) from
+the projection, the backend's exited processes and the heartbeat table (one long-lived watcher on the
+heartbeat bucket, see heartbeats.py). A lost worker gets WorkerLost, appended with optimistic
+concurrency on the worker's subject, so two controllers append it once; the scheduler then requests
+its containers again elsewhere. Each worker started here gets a token valid for that worker alone
+(TokenCreated, scope worker:<id>).
 """
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
-import secrets
 import time
+from typing import Any, Awaitable, Callable
 
-from levers9.contracts import envelope, uuid7
+from levers9.contracts import SYSTEM_WORKSPACE, envelope, uuid7
 from levers9.contracts import events as E
 from levers9.runtime.bus import HEARTBEAT_TTL_S, ConcurrencyConflict
+from levers9.runtime.config import Settings
 from levers9.runtime.consumer import Delivery
 from levers9.runtime.projection import Projection
 from levers9.runtime.service import Service
+from levers9.runtime.tokens import mint
 from levers9.runtime.views import ContainersView, WorkersView
 
 from .backends import Backend, make_backend
-from .pools import PoolWorker, load_pools, pool_delta
+from .heartbeats import HeartbeatTable, still_beating
+from .pools import PoolConfig, PoolWorker, load_pools, pool_delta
+from .rules import HEARTBEAT_EXPIRED, WorkerLoad, WorkerState, idle_for, idle_since, lost_workers
 
 log = logging.getLogger("levers9.pool_controller")
 
 PASS_EVERY_S = 2.0
 PROVISION_TIMEOUT_S = 120.0
+FIRST_PASS_AFTER_S = 5.0  # let workers started with the stack register before counting them
+REGISTER_GRACE_S = HEARTBEAT_TTL_S  # a worker that just registered gets one TTL to show its first heartbeat
+TERMINAL = ("lost", "drained")
 
 
 class PoolControllerService(Service):
     name = "pool-controller"
     projections = (WorkersView(), ContainersView())
 
-    def __init__(self, settings) -> None:
+    def __init__(self, settings: Settings) -> None:
         super().__init__(settings)
         self.pools = load_pools(settings.pools_file)
         self.backends: dict[str, Backend] = {}
-        self.idle_since: dict[str, float] = {}
-        self.provisioned_at: dict[str, float] = {}
+        self.heartbeats = HeartbeatTable(lambda: self.bus)
+        self.idle: dict[str, dict[str, float]] = {}  # pool -> worker -> idle since
+        self.provisioned_at: dict[str, float] = {}  # worker -> when it was provisioned (or first seen so)
+        self.started_here: set[str] = set()  # workers this controller's backends started
+        self.exited: set[str] = set()  # workers whose process exited, not yet declared lost
         self.dirty = asyncio.Event()
         self.decisions: dict[str, str] = {}
 
@@ -55,11 +66,11 @@ class PoolControllerService(Service):
         await super().apply(p, batch)
         self.dirty.set()
 
-    def background(self):
-        return [self.loop]
+    def background(self) -> list[Callable[[asyncio.Event], Awaitable[None]]]:
+        return [self.heartbeats.run, self.loop]
 
     async def loop(self, stop: asyncio.Event) -> None:
-        await asyncio.sleep(5.0)  # let workers started with the stack register before counting them
+        await _wait(stop, FIRST_PASS_AFTER_S)
         while not stop.is_set():
             try:
                 await self.declare_lost()
@@ -73,49 +84,60 @@ class PoolControllerService(Service):
                 pass
             self.dirty.clear()
 
-    async def declare_lost(self) -> None:
-        kv = await self.bus.heartbeats()
-        try:
-            alive = set(await kv.keys())
-        except Exception:  # noqa: BLE001 - nats.js.errors.NoKeysError when the bucket is empty
-            alive = set()
-        exited = {wid for b in self.backends.values() for wid in b.exited()}
-        rows = await self.pool.fetch("SELECT worker_id, status, last_seq, extract(epoch from updated_at) AS at "
-                                     "FROM pool_controller.workers WHERE status IN ('registered', 'ready', 'provisioning')")
-        now = time.time()
-        for r in rows:
-            wid = r["worker_id"]
-            if r["status"] == "provisioning":
-                started = self.provisioned_at.setdefault(wid, now)
-                dead = wid in exited or now - started > PROVISION_TIMEOUT_S
-                why = "its process exited before registering" if wid in exited else "never registered"
-            else:  # a worker that just registered gets one TTL to show its first heartbeat
-                dead = wid in exited or (wid not in alive and now - float(r["at"]) > HEARTBEAT_TTL_S)
-                why = "its process exited" if wid in exited else "heartbeat expired"
-            if not dead:
-                continue
-            try:
-                await self.bus.append(envelope(E.WorkerLost(worker_id=wid, reason=why), workspace="_sys"),
-                                      r["last_seq"])
-                log.warning("worker %s lost: %s", wid, why)
-            except ConcurrencyConflict:
-                self.dirty.set()
+    # ---- lost workers ----------------------------------------------------------------------------
 
-    async def reconcile(self, pool) -> None:
+    async def declare_lost(self) -> None:
+        self.exited.update(wid for b in self.backends.values() for wid in b.exited())
+        rows = await self.pool.fetch(
+            "SELECT worker_id, status, last_seq, extract(epoch from updated_at)::float8 AS at "
+            "FROM pool_controller.workers WHERE status IN ('registered', 'ready', 'provisioning')")
+        now = time.time()
+        workers = []
+        for r in rows:
+            if r["status"] == "provisioning":
+                self.provisioned_at.setdefault(r["worker_id"], now)
+            workers.append(WorkerState(r["worker_id"], r["status"], float(r["at"]),
+                                       self.provisioned_at.get(r["worker_id"])))
+        # an exited worker stays noted until it is declared lost (or its WorkerProvisioned is projected)
+        self.exited &= {r["worker_id"] for r in rows} | set(self.provisioned_at)
+        last_seq = {r["worker_id"]: r["last_seq"] for r in rows}
+        for wid, why in lost_workers(workers, self.heartbeats.snapshot(), now, HEARTBEAT_TTL_S, REGISTER_GRACE_S,
+                                     exited=frozenset(self.exited), provision_timeout=PROVISION_TIMEOUT_S):
+            if why == HEARTBEAT_EXPIRED and not await self.confirm_expired(wid):
+                continue
+            await self.append_lost(wid, why, last_seq[wid])
+
+    async def confirm_expired(self, worker_id: str) -> bool:
+        """Read the worker's key directly before declaring it lost: a table that missed its beats
+        must not make a live worker lost."""
+        beating = await still_beating(self.bus, worker_id)
+        if beating:
+            self.heartbeats.restart(f"worker {worker_id} beats but the table missed it")
+        return beating is False
+
+    async def append_lost(self, worker_id: str, why: str, last_seq: int) -> None:
+        try:
+            await self.bus.append(envelope(E.WorkerLost(worker_id=worker_id, reason=why),
+                                           workspace=SYSTEM_WORKSPACE), last_seq)
+            log.warning("worker %s lost: %s", worker_id, why)
+            self.exited.discard(worker_id)
+        except ConcurrencyConflict:
+            self.dirty.set()
+
+    # ---- scaling ---------------------------------------------------------------------------------
+
+    async def reconcile(self, pool: PoolConfig) -> None:
         rows = await self.pool.fetch(
             "SELECT worker_id, status, backend, cpu_used, memory_used FROM pool_controller.workers WHERE pool=$1",
             pool.name)
         backlog = await self.pool.fetchval(
             "SELECT count(*) FROM pool_controller.containers WHERE status = 'pending' AND pool = $1", pool.name)
         now = time.time()
-        workers = []
-        for r in rows:
-            busy = r["cpu_used"] > 0 or r["memory_used"] > 0
-            if busy or r["status"] != "ready":
-                self.idle_since.pop(r["worker_id"], None)
-            since = self.idle_since.setdefault(r["worker_id"], now) if not busy else now
-            workers.append(PoolWorker(r["worker_id"], r["status"], r["backend"] == pool.backend and
-                                      r["worker_id"] in self.provisioned_at, busy, now - since))
+        loads = [WorkerLoad(r["worker_id"], r["status"], r["cpu_used"] > 0 or r["memory_used"] > 0) for r in rows]
+        since = self.idle[pool.name] = idle_since(self.idle.get(pool.name, {}), loads, now)
+        workers = [PoolWorker(w.worker_id, w.status, r["backend"] == pool.backend and w.worker_id in self.started_here,
+                              w.busy, idle_for(since, w.worker_id, now)) for w, r in zip(loads, rows, strict=True)]
+        self.forget({w.worker_id for w in loads if w.status in TERMINAL})
         delta = pool_delta(pool, workers, backlog)
         self.decisions[pool.name] = delta.reason
         for _ in range(delta.start):
@@ -123,20 +145,34 @@ class PoolControllerService(Service):
         for wid in delta.stop:
             log.info("pool %s: stopping idle worker %s", pool.name, wid)
             self.backends[pool.backend].stop_worker(wid)
-            self.idle_since.pop(wid, None)
+            since.pop(wid, None)
 
-    async def provision(self, pool) -> None:
+    def forget(self, gone: set[str]) -> None:
+        """Workers that are lost or drained for good need no bookkeeping here any more."""
+        for wid in gone & (self.started_here | set(self.provisioned_at)):
+            self.started_here.discard(wid)
+            self.provisioned_at.pop(wid, None)
+
+    async def provision(self, pool: PoolConfig) -> None:
         worker_id = f"{pool.name}-{uuid7()[-12:]}"
-        token = "l9w_" + secrets.token_urlsafe(32)
-        await self.bus.publish(envelope(E.TokenCreated(
-            token_id=uuid7(), token_sha256=hashlib.sha256(token.encode()).hexdigest(), name=f"worker {worker_id}",
-            scope=f"worker:{worker_id}"), workspace="default"))
+        token = mint(name=f"worker {worker_id}", scope=f"worker:{worker_id}")
+        await self.bus.publish(envelope(token.event, workspace="default"))
         await self.bus.publish(envelope(E.WorkerProvisioned(worker_id=worker_id, pool=pool.name,
-                                                            backend=pool.backend), workspace="_sys"))
+                                                            backend=pool.backend), workspace=SYSTEM_WORKSPACE))
         self.provisioned_at[worker_id] = time.time()
-        self.backends[pool.backend].start_worker(pool, worker_id, token)
+        self.started_here.add(worker_id)
+        self.backends[pool.backend].start_worker(pool, worker_id, token.secret)
         log.info("pool %s: started worker %s (%s)", pool.name, worker_id, self.decisions.get(pool.name, ""))
 
-    async def health_detail(self) -> dict:
+    async def health_detail(self) -> dict[str, Any]:
         return {"pools": {name: {"backend": p.backend, "min_warm": p.min_warm, "max_workers": p.max_workers,
-                                 "last_decision": self.decisions.get(name, "")} for name, p in self.pools.items()}}
+                                 "last_decision": self.decisions.get(name, "")} for name, p in self.pools.items()},
+                "heartbeats": {"current": self.heartbeats.current, "workers": len(self.heartbeats.seen),
+                               "watchers_created": self.heartbeats.watches}}
+
+
+async def _wait(stop: asyncio.Event, seconds: float) -> None:
+    try:
+        await asyncio.wait_for(stop.wait(), seconds)
+    except asyncio.TimeoutError:
+        pass
