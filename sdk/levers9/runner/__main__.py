@@ -1,0 +1,3 @@
+from levers9.runner.main import run
+
+run()

@@ -1,0 +1,51 @@
+"""The runner's configuration: read once from LEVERS9_RUNNER_* environment variables."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+EXIT_FAILED = 3  # import or on_start failed: the worker reports the container as failed
+EXIT_USAGE = 2  # the runner's own environment is wrong
+FAILED_EXIT_DELAY = 1.0  # seconds the failed health answer stays up before the exit
+STOP_GRACE_SECONDS = 10.0
+
+
+@dataclass(frozen=True)
+class Config:
+    module: str
+    handler: str
+    kind: str = "endpoint"  # endpoint | asgi
+    on_start: str = ""
+    app_dir: str = "/app"
+    host: str = "0.0.0.0"
+    port: int = 8000
+    concurrency: int = 1
+    timeout: float = 0.0  # seconds a request may run; 0: no limit
+    max_body: int = 16 * 1024 * 1024
+
+    @classmethod
+    def from_env(cls, env: dict[str, str]) -> "Config":
+        def get(name: str, default: str = "") -> str:
+            return env.get(f"LEVERS9_RUNNER_{name}", "").strip() or default
+
+        def number(name: str, default: str, kind: Callable[[str], Any], minimum: float) -> Any:
+            raw = get(name, default)
+            try:
+                value = kind(raw)
+            except ValueError:
+                value = None
+            if value is None or value < minimum:
+                raise ValueError(f"LEVERS9_RUNNER_{name}={raw!r} is not valid: use a number of at least {minimum}")
+            return value
+
+        module, handler, kind = get("MODULE"), get("HANDLER"), get("KIND", "endpoint")
+        if not module or not handler:
+            raise ValueError("LEVERS9_RUNNER_MODULE and LEVERS9_RUNNER_HANDLER must name the user's module "
+                             "and function")
+        if kind not in ("endpoint", "asgi"):
+            raise ValueError(f"LEVERS9_RUNNER_KIND={kind!r} is not valid: use endpoint or asgi")
+        return cls(module=module, handler=handler, kind=kind, on_start=get("ON_START"),
+                   app_dir=get("APP_DIR", "/app"), host=get("HOST", "0.0.0.0"),
+                   port=number("PORT", "8000", int, 0), concurrency=number("CONCURRENCY", "1", int, 1),
+                   timeout=number("TIMEOUT", "0", float, 0), max_body=number("MAX_BODY", str(16 << 20), int, 0))
