@@ -3,10 +3,20 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Callable
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
-from levers9.gateway.router import DeploymentRouter, NoCapacity, StartFailed
+from levers9.gateway.router import LIVE, DeploymentRouter, NoCapacity, Slot, StartFailed
+
+
+async def until(condition: Callable[[], bool], timeout: float = 5.0) -> None:
+    """Let the other tasks run until `condition` holds (fails after `timeout` seconds)."""
+    async with asyncio.timeout(timeout):
+        while not condition():
+            await asyncio.sleep(0)
 
 
 async def test_calls_wait_for_a_container_then_share_it_up_to_concurrency():
@@ -18,15 +28,16 @@ async def test_calls_wait_for_a_container_then_share_it_up_to_concurrency():
         return requested[-1]
 
     calls = [asyncio.create_task(r.acquire(5, request)) for _ in range(4)]
-    await asyncio.sleep(0.05)
+    await until(lambda: len(requested) >= 2)
     assert len(requested) == 2  # 4 waiting calls / concurrency 2
     await r.update("c0", "ready", "http://10.0.0.2:8000")
-    await asyncio.sleep(0.05)
+    await until(lambda: sum(c.done() for c in calls) >= 2)
     done = [c for c in calls if c.done()]
     assert len(done) == 2 and all(c.result().container_id == "c0" for c in done)
     await r.update("c1", "ready", "http://10.0.0.3:8000")
     slots = await asyncio.gather(*calls)
     assert sorted(s.container_id for s in slots) == ["c0", "c0", "c1", "c1"]
+    assert len(requested) == 2
     for s in slots:
         await r.release(s)
     assert all(s.inflight == 0 for s in r.containers.values())
@@ -54,7 +65,7 @@ async def test_a_failed_start_fails_the_waiting_calls_with_its_reason():
         return "c1"
 
     call = asyncio.create_task(r.acquire(5, request))
-    await asyncio.sleep(0.05)
+    await until(lambda: "c1" in r.containers)
     await r.update("c1", "failed", reason="app failed to start: ImportError: no module named nope")
     with pytest.raises(StartFailed, match="ImportError"):
         await call
@@ -67,8 +78,44 @@ async def test_the_queue_is_bounded():
         return "c1"
 
     waiting = [asyncio.create_task(r.acquire(1, request)) for _ in range(2)]
-    await asyncio.sleep(0.02)
+    await until(lambda: r.waiting == 2)
     with pytest.raises(NoCapacity, match="already waiting"):
         await r.acquire(1, request)
     for w in waiting:
         w.cancel()
+    await asyncio.gather(*waiting, return_exceptions=True)
+    assert r.waiting == 0
+
+
+# ---- how many containers the waiting calls justify (pure: from the router's state) --------------
+
+statuses = st.sampled_from(sorted(LIVE | {"stopping"}))
+
+
+@given(concurrency=st.integers(1, 8), max_containers=st.integers(1, 10), waiting=st.integers(0, 100),
+       containers=st.lists(statuses, max_size=12))
+def test_wanted_is_enough_for_the_waiting_calls_but_never_past_max(concurrency, max_containers, waiting, containers):
+    r = DeploymentRouter("d", concurrency=concurrency, max_containers=max_containers)
+    r.containers = {f"c{i}": Slot(f"c{i}", s, "http://x" if s == "ready" else "") for i, s in enumerate(containers)}
+    r.waiting = waiting
+    live = [s for s in containers if s in LIVE]
+    starting = sum(1 for s in live if s != "ready")
+    more = r.wanted()
+    assert more >= 0
+    assert more == 0 or len(live) + more <= max_containers  # never past max
+    # enough: the starting and the new ones absorb every waiting call, unless max is reached
+    assert (starting + more) * concurrency >= waiting or len(live) + more >= max_containers
+    # no more than needed: one fewer would not absorb them
+    assert more == 0 or (starting + more - 1) * concurrency < waiting
+
+
+@given(concurrency=st.integers(1, 4), inflight=st.lists(st.integers(0, 4), max_size=6))
+def test_a_call_takes_the_least_busy_ready_container_with_room(concurrency, inflight):
+    r = DeploymentRouter("d", concurrency=concurrency, max_containers=10)
+    r.containers = {f"c{i}": Slot(f"c{i}", "ready", "http://x", n) for i, n in enumerate(inflight)}
+    slot = r.free_slot()
+    room = [n for n in inflight if n < concurrency]
+    if not room:
+        assert slot is None
+    else:
+        assert slot is not None and slot.inflight == min(room)

@@ -1,0 +1,94 @@
+"""Who is calling: a bearer token, known from TokenCreated/TokenRevoked events.
+
+Only a token's sha256 is in the log and in the gateway's tables. A workspace token may call the
+user API; a worker token (scope `worker:<id>`) only the internal routes; platform objects (workers)
+need a token of the admin workspace.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import Depends, HTTPException, Request
+from pydantic import BaseModel
+
+from levers9.runtime.tokens import token_hash
+
+from .deps import Gateway
+
+ADMIN_WORKSPACE = "default"
+MISSING = ("missing bearer token: send 'Authorization: Bearer <token>' "
+           "(levers9 up writes one to ~/.levers9/config.toml)")
+UNKNOWN = "this token is unknown or revoked: create one with `levers9 token create`"
+CHALLENGE = {"WWW-Authenticate": "Bearer"}
+
+
+class Caller(BaseModel):
+    workspace: str
+    token_id: str
+    scope: str = "workspace"
+
+
+def bearer_secret(header: str) -> str:
+    """The secret of an `Authorization: Bearer <secret>` header; "" when there is none."""
+    scheme, _, secret = header.partition(" ")
+    if scheme.lower() != "bearer":
+        return ""
+    return secret.strip()
+
+
+def user_refusal(caller: Caller) -> str:
+    """Why this caller may not use the user API ("" when it may)."""
+    return "" if caller.scope == "workspace" else "a worker token cannot call the user API"
+
+
+def admin_refusal(caller: Caller) -> str:
+    """Why this caller may not act on platform objects ("" when it may)."""
+    refusal = user_refusal(caller)
+    if refusal:
+        return refusal
+    if caller.workspace != ADMIN_WORKSPACE:
+        return f"workers are platform objects: use a token of workspace {ADMIN_WORKSPACE!r}"
+    return ""
+
+
+def worker_of(caller: Caller) -> str:
+    """The worker id a worker token stands for; "" for any other token."""
+    kind, _, worker_id = caller.scope.partition(":")
+    return worker_id if kind == "worker" else ""
+
+
+async def caller(request: Request, gw: Gateway) -> Caller:
+    secret = bearer_secret(request.headers.get("authorization", ""))
+    if not secret:
+        raise HTTPException(401, MISSING, headers=CHALLENGE)
+    digest = token_hash(secret)
+    found = gw.tokens.get(digest)
+    if found is None:
+        row = await gw.pool.fetchrow("SELECT token_id, workspace, scope FROM gateway.tokens "
+                                     "WHERE token_sha256 = $1 AND NOT revoked", digest)
+        if row is None:
+            raise HTTPException(401, UNKNOWN, headers=CHALLENGE)
+        found = gw.tokens[digest] = Caller(workspace=row["workspace"], token_id=row["token_id"], scope=row["scope"])
+    return found
+
+
+AnyCaller = Annotated[Caller, Depends(caller)]
+
+
+async def user(c: AnyCaller) -> Caller:
+    refusal = user_refusal(c)
+    if refusal:
+        raise HTTPException(403, refusal)
+    return c
+
+
+async def admin(c: AnyCaller) -> Caller:
+    refusal = admin_refusal(c)
+    if refusal:
+        raise HTTPException(403, refusal)
+    return c
+
+
+User = Annotated[Caller, Depends(user)]
+Admin = Annotated[Caller, Depends(admin)]

@@ -1,0 +1,80 @@
+"""The proxy hop: one call forwarded to its container and the answer streamed back.
+
+Small bodies are read whole (no chunked re-encoding); large or unsized ones stream both ways. The
+hop owns the router slot it is given: it is released exactly once, when the answer has been sent
+(or when forwarding failed).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, AsyncIterator
+
+import aiohttp
+import yarl
+from fastapi import HTTPException, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.background import BackgroundTask
+
+from .router import DeploymentRouter, Slot
+
+HOP_BY_HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailers",
+              "transfer-encoding", "upgrade", "host", "authorization", "content-length"}
+WHOLE_ANSWER_BYTES = 1 << 20  # answers up to this size are read whole, larger ones streamed
+CHUNK = 65536
+
+
+def forward_headers(headers: Any) -> dict[str, str]:
+    return {k: v for k, v in headers.items() if k.lower() not in HOP_BY_HOP}
+
+
+def target_url(address: str, subpath: str, query: str) -> yarl.URL:
+    return yarl.URL(f"{address}/{subpath}" + (f"?{query}" if query else ""), encoded=True)
+
+
+async def request_body(request: Request, limit: int) -> bytes | AsyncIterator[bytes] | None:
+    """The body to forward: whole when sized (or absent), a stream with a limit when chunked."""
+    length = int(request.headers.get("content-length") or 0)
+    if length or "transfer-encoding" not in request.headers:
+        return await request.body() if length else None
+
+    async def stream() -> AsyncIterator[bytes]:
+        seen = 0
+        async for chunk in request.stream():
+            seen += len(chunk)
+            if seen > limit:
+                raise HTTPException(413, f"the body is over the limit of {limit} bytes")
+            yield chunk
+    return stream()
+
+
+async def forward(session: aiohttp.ClientSession, request: Request, address: str, subpath: str, timeout: float,
+                  limit: int, router: DeploymentRouter, slot: Slot) -> Response:
+    try:
+        body = await request_body(request, limit)
+        resp = await session.request(request.method, target_url(address, subpath, request.url.query),
+                                     headers=forward_headers(request.headers), data=body,
+                                     timeout=aiohttp.ClientTimeout(total=timeout))
+    except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+        await router.release(slot)
+        return JSONResponse({"detail": f"the container did not answer: {type(exc).__name__}: {exc}"},
+                            status_code=502)
+    except BaseException:
+        await router.release(slot)
+        raise
+    out_headers = forward_headers(resp.headers)
+    out_headers["x-levers9-container-id"] = slot.container_id  # which container answered
+    if resp.content_length is not None and resp.content_length <= WHOLE_ANSWER_BYTES:
+        try:
+            data = await resp.read()
+        finally:
+            resp.release()
+            await router.release(slot)
+        return Response(data, status_code=resp.status, headers=out_headers)
+
+    async def done() -> None:
+        resp.release()
+        await router.release(slot)
+
+    return StreamingResponse(resp.content.iter_chunked(CHUNK), status_code=resp.status, headers=out_headers,
+                             background=BackgroundTask(done))

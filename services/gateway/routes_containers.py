@@ -1,0 +1,125 @@
+"""Containers: list, show, request a bare one, stop, logs (streamed from the worker that runs it)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import msgspec
+from fastapi import APIRouter, HTTPException, Request
+from fastapi.responses import StreamingResponse
+from starlette.background import BackgroundTask
+
+from levers9.contracts import InvalidName, check_id, uuid7
+from levers9.contracts import events as E
+from levers9.contracts.spec import Resources
+
+from .auth import User
+from .deps import Gateway
+from .state import Gateway as GatewayState
+from .state import row_json
+
+router = APIRouter()
+
+REQUEST_FIELDS = ("pool", "deployment_id")  # besides the Resources fields
+
+
+class InvalidRequest(ValueError):
+    """A container request body that does not validate; the message says which field and why."""
+
+
+@dataclass(frozen=True)
+class BareRequest:
+    resources: Resources
+    where: dict[str, str] = field(default_factory=dict)  # pool / deployment_id, when given
+
+
+def parse_container_request(body: bytes) -> BareRequest:
+    """POST /api/v1/containers' body: Resources' fields (millicores, MiB) plus pool and deployment_id."""
+    try:
+        data = msgspec.json.decode(body) if body.strip() else {}
+    except msgspec.DecodeError as exc:
+        raise InvalidRequest(f"the body is not JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise InvalidRequest("the body must be a JSON object")
+    known = (*Resources.__struct_fields__, *REQUEST_FIELDS)
+    unknown = sorted(set(data) - set(known))
+    if unknown:
+        raise InvalidRequest(f"unknown field {unknown[0]!r}: a container request takes {', '.join(known)} "
+                             "(cpu in millicores, memory in MiB)")
+    where = {k: data.pop(k) for k in REQUEST_FIELDS if k in data}
+    try:
+        for k, v in where.items():
+            if k == "pool" or v != "":
+                check_id(v, k)
+        return BareRequest(msgspec.convert(data, Resources), where)
+    except InvalidName as exc:
+        raise InvalidRequest(str(exc)) from None
+    except msgspec.ValidationError as exc:
+        raise InvalidRequest(f"the container request is not valid: {exc}") from None
+
+
+def container_json(record: Any) -> dict[str, Any]:
+    return row_json(record, "request")
+
+
+async def container_row(gw: GatewayState, workspace: str, container_id: str) -> Any:
+    row = await gw.pool.fetchrow("SELECT * FROM gateway.containers WHERE workspace=$1 AND container_id=$2",
+                                 workspace, container_id)
+    if row is None:
+        raise HTTPException(404, f"no container {container_id!r} in workspace {workspace!r}")
+    return row
+
+
+@router.get("/api/v1/containers")
+async def list_containers(caller: User, gw: Gateway, all: bool = False) -> list[dict[str, Any]]:
+    rows = await gw.pool.fetch(
+        "SELECT c.*, d.name AS deployment_name FROM gateway.containers c LEFT JOIN gateway.deployments d "
+        "ON d.workspace = c.workspace AND d.deployment_id = c.deployment_id WHERE c.workspace = $1 "
+        "AND ($2 OR c.status NOT IN ('stopped', 'failed')) ORDER BY c.updated_at DESC LIMIT 1000",
+        caller.workspace, all)
+    return [container_json(r) for r in rows]
+
+
+@router.get("/api/v1/containers/{container_id}")
+async def get_container(container_id: str, caller: User, gw: Gateway) -> dict[str, Any]:
+    return container_json(await container_row(gw, caller.workspace, container_id))
+
+
+@router.post("/api/v1/containers", status_code=202)
+async def request_container(request: Request, caller: User, gw: Gateway) -> dict[str, Any]:
+    try:
+        asked = parse_container_request(await request.body())
+    except InvalidRequest as exc:
+        raise HTTPException(422, str(exc)) from None
+    event = E.ContainerRequested(container_id=uuid7(), resources=asked.resources, reason="api", **asked.where)
+    env, appended = await gw.publish(event, caller.workspace)
+    return {"container_id": event.container_id, "correlation_id": env.correlation_id,
+            "event_id": env.id, "seq": appended.seq}
+
+
+@router.post("/api/v1/containers/{container_id}/stop", status_code=202)
+async def stop_container(container_id: str, caller: User, gw: Gateway) -> dict[str, Any]:
+    row = await container_row(gw, caller.workspace, container_id)
+    env, _ = await gw.publish(E.ContainerStopRequested(container_id=container_id, reason="stopped by user"),
+                              caller.workspace, row["correlation_id"])
+    return {"container_id": container_id, "correlation_id": env.correlation_id}
+
+
+@router.get("/api/v1/containers/{container_id}/logs")
+async def container_logs(container_id: str, caller: User, gw: Gateway, follow: bool = False) -> StreamingResponse:
+    row = await container_row(gw, caller.workspace, container_id)
+    worker = await gw.pool.fetchrow("SELECT address FROM gateway.workers WHERE worker_id=$1", row["worker_id"])
+    if worker is None or not worker["address"]:
+        raise HTTPException(404, f"container {container_id} has no logs yet (not placed on a worker)")
+    upstream = gw.http.build_request("GET", f"{worker['address']}/containers/{container_id}/logs",
+                                     params={"follow": str(follow).lower()})
+    try:
+        resp = await gw.http.send(upstream, stream=True)
+    except httpx.HTTPError as exc:
+        raise HTTPException(502, f"worker {row['worker_id']} does not answer: {exc}") from None
+    if resp.status_code != 200:
+        await resp.aclose()
+        raise HTTPException(resp.status_code, f"worker {row['worker_id']} has no log for {container_id}")
+    return StreamingResponse(resp.aiter_raw(), media_type="text/plain", background=BackgroundTask(resp.aclose))

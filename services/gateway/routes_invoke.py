@@ -1,0 +1,135 @@
+"""Invocation: /endpoint/{name}[/vN|/latest][/sub/path] on any method.
+
+Resolve the deployment (the newest active version, or the one named in the path), take a slot on a
+ready container (router.py; a ContainerRequested is appended when the waiting calls need one more),
+and proxy the call (proxy.py). A new container restores the checkpoint the one checkpoint policy
+picks from this deployment version's stored checkpoints, or starts cold and says why.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Sequence
+
+from fastapi import APIRouter, HTTPException, Request
+from fastapi.responses import JSONResponse, Response
+
+from levers9.contracts import events as E
+from levers9.contracts import uuid7
+from levers9.contracts.checkpoint_policy import RestoreChoice, restore_choice
+from levers9.contracts.spec import CheckpointRef
+
+from . import proxy
+from .auth import Caller, User
+from .deps import Gateway
+from .router import NoCapacity, StartFailed
+from .state import Deployment
+from .state import Gateway as GatewayState
+
+router = APIRouter()
+
+METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]
+VERSION_RE = re.compile(r"^v(\d+)$")
+LATEST = "latest"
+REFS_CONSIDERED = 8  # the newest stored checkpoints the policy chooses from
+
+
+@dataclass(frozen=True)
+class Target:
+    which: str  # "vN" or "latest"
+    version: int | None  # N when the path names a version
+    rest: str  # the sub-path the container sees
+
+
+def split_version(rest: str) -> Target:
+    """`v3/a/b` -> version 3, sub-path `a/b`; `latest/a` -> the newest, `a`; anything else -> the newest, as is."""
+    head, _, tail = rest.partition("/")
+    match = VERSION_RE.fullmatch(head)
+    if match:
+        return Target(head, int(match.group(1)), tail)
+    if head == LATEST:
+        return Target(LATEST, None, tail)
+    return Target(LATEST, None, rest)
+
+
+def container_requested(dep: Deployment, choice: RestoreChoice, container_id: str) -> E.ContainerRequested:
+    """The request for one more container of this deployment version, restoring `choice` when it can."""
+    spec = dep.spec
+    return E.ContainerRequested(
+        container_id=container_id, deployment_id=dep.deployment_id, deployment_version=dep.version,
+        resources=spec.resources, pool=spec.pool, spec=spec, checkpoint=choice.checkpoint, note=choice.note,
+        reason="call waiting")
+
+
+def checkpoint_ref(row: dict) -> CheckpointRef:
+    return CheckpointRef(checkpoint_id=row["checkpoint_id"], accelerator=row["accelerator"], sha256=row["sha256"],
+                         size_bytes=row["size_bytes"], bucket=row["bucket"], key=row["key"], location=row["location"])
+
+
+async def available_checkpoints(gw: GatewayState, dep: Deployment) -> Sequence[CheckpointRef]:
+    """This deployment version's stored checkpoints, newest first."""
+    rows = await gw.pool.fetch(
+        "SELECT checkpoint_id, accelerator, sha256, size_bytes, bucket, key, location FROM gateway.checkpoints "
+        "WHERE workspace=$1 AND deployment_id=$2 AND status='available' "
+        "ORDER BY created_at DESC, checkpoint_id DESC LIMIT $3", dep.workspace, dep.deployment_id, REFS_CONSIDERED)
+    return [checkpoint_ref(r) for r in rows]
+
+
+async def resolve(gw: GatewayState, workspace: str, name: str, rest: str) -> tuple[Deployment, str]:
+    target = split_version(rest)
+    key = (workspace, name, target.which)
+    dep = gw.deployments.get(key)  # cleared whenever a deployment event is projected
+    if dep is None:
+        if target.version is not None:
+            row = await gw.pool.fetchrow("SELECT * FROM gateway.deployments WHERE workspace=$1 AND name=$2 "
+                                         "AND version=$3", workspace, name, target.version)
+        else:
+            row = await gw.pool.fetchrow("SELECT * FROM gateway.deployments WHERE workspace=$1 AND name=$2 "
+                                         "AND status='active' ORDER BY version DESC LIMIT 1", workspace, name)
+        if row is None:
+            named = f" {target.which}" if target.version is not None else ""
+            raise HTTPException(404, f"no endpoint {name!r}{named} in workspace {workspace!r}: deploy it with "
+                                     "`levers9 deploy FILE`")
+        dep = gw.deployments[key] = Deployment.from_row(row)
+    if dep.status != "active":
+        raise HTTPException(410, f"endpoint {name!r} version {dep.version} is {dep.status}")
+    return dep, target.rest
+
+
+async def invoke(gw: GatewayState, request: Request, caller: Caller, name: str, rest: str) -> Response:
+    dep, subpath = await resolve(gw, caller.workspace, name, rest)
+    length = int(request.headers.get("content-length") or 0)
+    if length > gw.settings.max_body_bytes:
+        raise HTTPException(413, f"the body is {length} bytes; the limit is {gw.settings.max_body_bytes}")
+    router_ = await gw.router_for(dep)
+    correlation = uuid7()
+    timeout = float(dep.spec.timeout_seconds)
+
+    async def request_container() -> str:
+        refs = await available_checkpoints(gw, dep) if dep.spec.checkpoint_enabled else ()
+        event = container_requested(dep, restore_choice(dep.spec, refs), uuid7())
+        gw.container_deployment[event.container_id] = dep.deployment_id
+        await gw.publish(event, caller.workspace, correlation)
+        return event.container_id
+
+    try:
+        slot = await router_.acquire(timeout, request_container)
+    except NoCapacity as exc:
+        return JSONResponse({"detail": f"no capacity: {exc}", "correlation_id": correlation}, status_code=503,
+                            headers={"Retry-After": "5"})
+    except StartFailed as exc:
+        return JSONResponse({"detail": f"the container for {name!r} failed to start: {exc}",
+                             "correlation_id": correlation}, status_code=502)
+    return await proxy.forward(gw.session, request, slot.address, subpath, timeout, gw.settings.max_body_bytes,
+                               router_, slot)
+
+
+@router.api_route("/endpoint/{name}", methods=METHODS)
+async def invoke_root(name: str, request: Request, caller: User, gw: Gateway) -> Response:
+    return await invoke(gw, request, caller, name, "")
+
+
+@router.api_route("/endpoint/{name}/{rest:path}", methods=METHODS)
+async def invoke_path(name: str, rest: str, request: Request, caller: User, gw: Gateway) -> Response:
+    return await invoke(gw, request, caller, name, rest)

@@ -1,0 +1,157 @@
+"""The gateway's process state: its projections and the in-memory routing state they feed.
+
+The container events the gateway projects drive one DeploymentRouter per deployment (router.py):
+which containers are live, which are ready and where. Tokens and resolved deployments are cached
+here and dropped whenever their projection applies a batch. The HTTP routes (routes_*.py) reach
+this object through `deps.Gateway`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import aiohttp
+import httpx
+import msgspec
+
+from levers9.contracts import envelope
+from levers9.contracts import events as E
+from levers9.contracts.spec import DeploymentSpec, spec_from_builtins
+from levers9.runtime.bus import Appended
+from levers9.runtime.consumer import Delivery
+from levers9.runtime.projection import Projection
+from levers9.runtime.service import Service
+from levers9.runtime.views import (
+    CONTAINER_STATUS,
+    CheckpointsView,
+    ContainersView,
+    DeploymentsView,
+    SecretsView,
+    TokensView,
+    WorkersView,
+)
+
+from .router import DeploymentRouter
+
+if TYPE_CHECKING:
+    from .auth import Caller
+
+log = logging.getLogger("levers9.gateway")
+
+TERMINAL = ("stopped", "failed")
+
+
+@dataclass(frozen=True)
+class Deployment:
+    """A row of gateway.deployments with its spec decoded."""
+    workspace: str
+    deployment_id: str
+    name: str
+    version: int
+    status: str
+    spec: DeploymentSpec
+
+    @classmethod
+    def from_row(cls, row: Any) -> Deployment:
+        return cls(workspace=row["workspace"], deployment_id=row["deployment_id"], name=row["name"],
+                   version=row["version"], status=row["status"], spec=spec_from_builtins(json.loads(row["spec"])))
+
+
+@dataclass(frozen=True)
+class RouteUpdate:
+    status: str
+    address: str
+    reason: str
+
+
+def route_update(ev: E.Event) -> RouteUpdate | None:
+    """What a container event tells a deployment's router; None for an event that changes no status."""
+    status = CONTAINER_STATUS.get(type(ev).__name__)
+    if status is None:
+        return None
+    return RouteUpdate(status, getattr(ev, "address", ""), getattr(ev, "reason", ""))
+
+
+class Gateway(Service):
+    name = "gateway"
+    projections = (TokensView(), DeploymentsView(), ContainersView(), WorkersView(), SecretsView(), CheckpointsView())
+    http: httpx.AsyncClient  # set by on_start
+    session: aiohttp.ClientSession  # set by on_start
+
+    def __init__(self, settings) -> None:
+        super().__init__(settings)
+        self.routers: dict[str, DeploymentRouter] = {}
+        self.container_deployment: dict[str, str] = {}  # live containers -> their deployment
+        self.tokens: dict[str, Caller] = {}  # token sha256 -> caller
+        self.deployments: dict[tuple[str, str, str], Deployment] = {}  # (workspace, name, vN|latest)
+
+    async def on_start(self) -> None:
+        self.http = httpx.AsyncClient(timeout=None, limits=httpx.Limits(max_connections=2000,
+                                                                         max_keepalive_connections=500))
+        # the proxy hop: aiohttp's pool hands out a keep-alive connection without scanning the pool
+        self.session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0, limit_per_host=0, keepalive_timeout=60),
+            auto_decompress=False, timeout=aiohttp.ClientTimeout(total=None), skip_auto_headers=("User-Agent",))
+        for r in await self.pool.fetch("SELECT container_id, deployment_id FROM gateway.containers "
+                                       "WHERE status NOT IN ('stopped', 'failed')"):
+            self.container_deployment[r["container_id"]] = r["deployment_id"]
+
+    async def on_stop(self) -> None:
+        await self.http.aclose()
+        await self.session.close()
+
+    # ---- projections feed the in-memory routing state --------------------------------------------
+
+    async def apply(self, p: Projection, batch: list[Delivery]) -> None:
+        await super().apply(p, batch)
+        if p.name == "tokens":
+            self.tokens.clear()
+        elif p.name == "deployments":
+            self.deployments.clear()
+        elif p.name == "containers":
+            for d in batch:
+                if d.message is not None:
+                    await self.route_event(d.message.event)
+
+    async def route_event(self, ev: E.Event) -> None:
+        if isinstance(ev, E.ContainerRequested):
+            self.container_deployment[ev.container_id] = ev.deployment_id
+        container_id = getattr(ev, "container_id", "")
+        update = route_update(ev)
+        if update is None:
+            return
+        router = self.routers.get(self.container_deployment.get(container_id, ""))
+        if update.status in TERMINAL:  # a re-request (a lost worker's container) adds it back
+            self.container_deployment.pop(container_id, None)
+        if router is not None:
+            await router.update(container_id, update.status, update.address, update.reason)
+
+    async def router_for(self, dep: Deployment) -> DeploymentRouter:
+        router = self.routers.get(dep.deployment_id)
+        if router is None:
+            scaling = dep.spec.scaling
+            router = DeploymentRouter(dep.deployment_id, scaling.concurrency, scaling.max_containers)
+            rows = await self.pool.fetch(
+                "SELECT container_id, status, address FROM gateway.containers WHERE workspace=$1 AND deployment_id=$2 "
+                "AND status NOT IN ('stopped', 'failed')", dep.workspace, dep.deployment_id)
+            for r in rows:
+                await router.update(r["container_id"], r["status"], r["address"])
+            self.routers[dep.deployment_id] = router
+        return router
+
+    async def publish(self, event: E.Event, workspace: str,
+                      correlation_id: str | None = None) -> tuple[Any, Appended]:
+        env = envelope(event, workspace=workspace, correlation_id=correlation_id)
+        return env, await self.bus.publish(env)
+
+
+def row_json(record: Any, *jsonb: str) -> dict[str, Any]:
+    """A row as JSON-ready builtins; the named jsonb columns (stored as text) become objects."""
+    out = msgspec.to_builtins(dict(record))
+    for column in jsonb:
+        if isinstance(out.get(column), str):
+            out[column] = json.loads(out[column])
+    return out
