@@ -113,7 +113,11 @@ def deploy(file: Path = typer.Argument(..., help="the .py file that defines the 
            json_out: bool = JSON_OPTION) -> None:
     """Deploy every endpoint of FILE; prints each one's name, version and URL."""
     with errors(), console.status("deploying") as spinner:
-        results = deploy_file(client, file, lambda msg: (spinner.update(msg), console.print(f"  {escape(msg)}")))
+        def progress(msg: str) -> None:
+            spinner.update(msg)
+            console.print(f"  {escape(msg)}")
+
+        results = deploy_file(client, file, progress)
     print_json(results) if json_out else _report(results)
 
 

@@ -44,12 +44,12 @@ def serve_endpoint(h: "Handler", url: SplitResult, body: bytes) -> None:
         future.add_done_callback(_report_late_end)  # the function goes on; say how it ends
         return h.send_json(504, {"error": f"DeadlineExceeded: the request did not finish within "
                                           f"{rt.config.timeout:g} s"})
-    exc = future.exception()
-    if isinstance(exc, DeadlineExceeded):
-        return h.send_json(504, {"error": f"DeadlineExceeded: {exc}"})
-    if exc is not None:
-        print_exception(exc)
-        return h.send_json(500, error_body(exc))
+    failure = future.exception()
+    if isinstance(failure, DeadlineExceeded):
+        return h.send_json(504, {"error": f"DeadlineExceeded: {failure}"})
+    if failure is not None:
+        print_exception(failure)
+        return h.send_json(500, error_body(failure))
     try:
         data = json.dumps(future.result()).encode()
     except (TypeError, ValueError) as exc:

@@ -3,6 +3,7 @@ failed start), then finish the requests in flight."""
 
 from __future__ import annotations
 
+import io
 import os
 import signal
 import sys
@@ -16,10 +17,11 @@ from levers9.runner.server import Server
 
 def main() -> int:
     for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.reconfigure(line_buffering=True)  # the user's print() reaches the log at once
-        except (AttributeError, ValueError):
-            pass
+        if isinstance(stream, io.TextIOWrapper):
+            try:
+                stream.reconfigure(line_buffering=True)  # the user's print() reaches the log at once
+            except ValueError:  # detached
+                pass
     try:
         config = Config.from_env(dict(os.environ))
     except ValueError as exc:

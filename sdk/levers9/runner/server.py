@@ -125,7 +125,8 @@ class Handler(http.server.BaseHTTPRequestHandler):
         return self.rfile.read(length) if length > 0 else b""
 
     def read_chunked(self, limit: int) -> bytes:
-        parts, total = [], 0
+        parts: list[bytes] = []
+        total = 0
         while True:
             line = self.rfile.readline(1024)
             try:
