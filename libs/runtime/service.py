@@ -134,6 +134,8 @@ class Service:
         def caught_up() -> bool:
             return all(self.projected.get(n, 0) >= seq for n in names)
 
+        if caught_up():  # also with timeout=0, where wait_for would time out before looking
+            return True
         async with self._advanced:
             try:
                 await asyncio.wait_for(self._advanced.wait_for(caught_up), timeout)
