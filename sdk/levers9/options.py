@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 # app and pool names end up in URLs, subjects and labels: a DNS label
 APP_NAME_RE = re.compile(r"^[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?$")
-MIN_MEMORY_MIB = 16  # what the gateway accepts
+MIN_MEMORY_MIB = 16  # DeploymentSpec's minimum (tests/unit/test_sdk_spec.py keeps them equal)
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 GPU_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,31}$")
 MEMORY_RE = re.compile(r"^(\d+(?:\.\d+)?)(Mi|Gi|Ti|M|G|T)?$")
