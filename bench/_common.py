@@ -1,6 +1,6 @@
 """What the benchmarks share: real servers in a temporary home, a fast publisher, percentiles, results.
 
-Every benchmark starts its own NATS and Postgres through `levers9.runtime.stack.Stack` (the same
+Every benchmark starts its own NATS and Postgres through `levers9.stack.Stack` (the same
 launcher `levers9 up` uses), so the figures are against real local servers, never mocks. S3 is not
 needed by the event backbone; it is started only with --with-s3, because SeaweedFS's background
 work would otherwise compete for the two cores this machine has.
@@ -29,6 +29,7 @@ RESULTS = Path(__file__).resolve().parent / "results"
 # Bus.close() drains, and nats-py reports the drain as a disconnect ("nats disconnected; reconnecting"):
 # noise here. The benchmarks check counts and rows themselves.
 import logging  # noqa: E402
+
 logging.getLogger("levers9.bus").setLevel(logging.ERROR)
 
 
@@ -37,7 +38,7 @@ def servers(with_s3: bool = False) -> Iterator[tuple[dict[str, str], Path]]:
     """({"nats_url", "database_url", "s3_endpoint"}, home) of servers started for this run; always
     stopped, and the temporary home removed."""
     from levers9.runtime.config import Settings
-    from levers9.runtime.stack import Stack
+    from levers9.stack import Stack
 
     with tempfile.TemporaryDirectory(prefix="levers9-bench-") as tmp:
         home = Path(tmp)
@@ -95,7 +96,7 @@ def percentiles(values_ms: Iterable[float]) -> dict[str, float]:
 
 
 def machine() -> dict[str, object]:
-    from levers9.runtime.stack import _binary  # the binaries the launcher runs
+    from levers9.stack import binary, pg_bin  # the binaries the launchers run
 
     def version(cmd: list[str]) -> str:
         import subprocess
@@ -105,13 +106,8 @@ def machine() -> dict[str, object]:
             return f"unknown ({exc})"
 
     return {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform(),
-            "nats_server": version([_binary("nats-server"), "--version"]),
-            "postgres": version([_pg("postgres"), "--version"])}
-
-
-def _pg(name: str) -> str:
-    from levers9.runtime.stack import _pg_bin
-    return _pg_bin(name)
+            "nats_server": version([binary("nats-server"), "--version"]),
+            "postgres": version([pg_bin("postgres"), "--version"])}
 
 
 def write_results(name: str, doc: dict) -> Path:

@@ -1,6 +1,6 @@
 """Benchmark: a real projection (the scheduler's ContainersView) fed by the library's OrderedConsumer.
 
-Starts its own NATS and Postgres (levers9.runtime.stack), then measures
+Starts its own NATS and Postgres (levers9.stack), then measures
 
   catch-up     N ContainerRequested events (over --ids distinct containers) are published first; then
                the consumer + projection start from position 0 and we time how long until the applied

