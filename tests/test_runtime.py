@@ -16,7 +16,7 @@ import asyncpg
 import nats
 import pytest
 
-from levers9.contracts import Message, envelope, uuid7
+from levers9.contracts import Message, envelope, subjects, uuid7
 from levers9.contracts import events as E
 from levers9.runtime.bus import Bus, ConcurrencyConflict
 from levers9.runtime.consumer import OrderedConsumer, WorkConsumer
@@ -231,7 +231,12 @@ async def test_work_consumer_naks_with_backoff_then_dead_letters(bus):
         return len(seen.get("flaky", [])) == 3 and len(seen.get("broken", [])) == 3
 
     await wait_for(done, timeout=20)
-    await asyncio.sleep(1.0)
+
+    async def settled():  # every message acked or terminated: nothing can be redelivered any more
+        info = await bus.js.consumer_info(subjects.STREAM, f"work-{ws}")
+        return info.num_ack_pending == 0 and info.num_pending == 0
+
+    await wait_for(settled, timeout=20)
     stop.set()
     await task
     assert len(seen["fine"]) == 1
@@ -252,7 +257,7 @@ async def test_consumer_recovers_after_a_nats_restart(pool, tmp_path):
     cmd = [_nats_binary(), "-a", "127.0.0.1", "-p", str(port), "-js", "-sd", str(tmp_path / "js")]
     server = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        await asyncio.sleep(0.3)
+        await wait_for(lambda: _listening(port))
         b = await Bus.connect(f"nats://127.0.0.1:{port}")
         await b.ensure_topology()
         ws = new_ws()
@@ -264,7 +269,7 @@ async def test_consumer_recovers_after_a_nats_restart(pool, tmp_path):
         await wait_for(lambda: _at(store, proj, 10))
         server.send_signal(signal.SIGKILL)
         server.wait()
-        await asyncio.sleep(1.0)
+        await wait_for(lambda: _false(b.nc.is_connected))  # the client has seen the server go
         server = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         for _ in range(10):  # publish retries with the same id until the server is back
             await b.publish(envelope(E.ContainerRequested(container_id="after"), workspace=ws))
@@ -359,3 +364,17 @@ async def test_trace_context_and_correlation_travel_from_publisher_to_consumer(b
 
 async def _true(d) -> bool:
     return bool(d)
+
+
+async def _false(value) -> bool:
+    return not value
+
+
+async def _listening(port: int) -> bool:
+    try:
+        _, writer = await asyncio.open_connection("127.0.0.1", port)
+    except OSError:
+        return False
+    writer.close()
+    await writer.wait_closed()
+    return True
