@@ -2,7 +2,7 @@
 
 The worker passes `seq`, the stream sequence of the ContainerScheduled it acts on; the gateway waits
 (in memory, bounded) until its containers projection has applied it, then checks that the container
-is placed on that very worker. Without `seq` (an older worker) it waits for the last event of that
+is placed on that very worker. Without `seq` (or 0: an older worker) it waits for the last event of that
 container instead.
 """
 
@@ -32,7 +32,7 @@ async def placed_spec_row(gw: GatewayState, workspace: str, container_id: str, d
                           worker_id: str, seq: int | None) -> Any:
     """The container's deployment row once the projection shows it placed on `worker_id`; 404 otherwise."""
     not_placed = HTTPException(404, f"container {container_id} is not placed on worker {worker_id}")
-    if seq is None:
+    if not seq:  # no stream sequence is 0: an older worker that did not say
         try:
             seq = await gw.bus.last_seq(filter_subject(workspace=workspace, aggregate="container",
                                                        aggregate_id=container_id))

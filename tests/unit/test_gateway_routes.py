@@ -221,6 +221,7 @@ async def test_a_worker_fetches_code_only_for_a_container_placed_on_it(gw, monke
         assert r.status_code == 200 and r.content == b"tar bytes"
         r = await c.get(url.replace("&seq=7", ""))  # an older worker: waits for the container's last event
         assert r.status_code == 200 and gw.bus.filters == ["levers9.default.container.c1.*"]
+        assert (await c.get(url.replace("&seq=7", "&seq=0"))).status_code == 200 and len(gw.bus.filters) == 2
 
 
 async def test_a_call_resolves_its_version_and_asks_for_a_container_restoring_the_newest_checkpoint(gw):
