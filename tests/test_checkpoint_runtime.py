@@ -28,10 +28,21 @@ import pytest
 
 from levers9.runtime.config import Settings
 from levers9.worker import checkpoint, criu, network, rootfs
-from levers9.worker.checkpoint import (CheckpointError, RestoreError, UnsafeMember, read_manifest,
-                                       tar_is_valid, unpack, write_tar)
-from levers9.worker.runc import RuncRuntime, bundle_spec, memory_cgroup_dir
-from levers9.worker.runtime import ContainerSpec, ProcessRuntime, runc_missing
+from levers9.worker.bundle import bundle_spec
+from levers9.worker.cgroups import memory_cgroup_dir
+from levers9.worker.checkpoint import (
+    CheckpointError,
+    RestoreError,
+    UnsafeMember,
+    read_manifest,
+    tar_is_valid,
+    unpack,
+    write_tar,
+)
+from levers9.worker.container import ContainerSpec
+from levers9.worker.process import ProcessRuntime
+from levers9.worker.runc import RuncRuntime
+from levers9.worker.runtime import runc_missing
 
 # the app: in-memory state served over HTTP: a random value made at start, a counter per request,
 # and optionally a table of TABLE ints (memory worth dumping)
@@ -611,8 +622,8 @@ import asyncio, sys
 from pathlib import Path
 from levers9.runtime.config import Settings
 from levers9.worker.criu import CriuInfo
+from levers9.worker.container import ContainerSpec
 from levers9.worker.runc import RuncRuntime
-from levers9.worker.runtime import ContainerSpec
 
 state_dir, criu_binary, tar, cid, code, sdk = sys.argv[1:7]
 rt = RuncRuntime(Path(state_dir), Settings(runtime="runc"))

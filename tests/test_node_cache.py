@@ -8,12 +8,12 @@ import os
 
 import pytest
 import uvicorn
-from aiobotocore.session import get_session
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from levers9.runtime.config import Settings
 from levers9.runtime.service import _Server
+from levers9.runtime.storage import ensure_bucket, s3_client
 from levers9.stack import free_port
 from levers9.worker.node_cache import Entry, HashMismatch, NodeCache, cache_app, evict
 
@@ -39,13 +39,8 @@ def s3_settings(servers) -> Settings:
 
 
 async def put(servers, bucket: str, key: str, data: bytes) -> None:
-    s = s3_settings(servers)
-    async with get_session().create_client("s3", endpoint_url=s.s3_endpoint, aws_access_key_id=s.s3_access_key,
-                                           aws_secret_access_key=s.s3_secret_key, region_name=s.s3_region) as c:
-        try:
-            await c.create_bucket(Bucket=bucket)
-        except Exception:  # noqa: BLE001 - exists
-            pass
+    async with s3_client(s3_settings(servers)) as c:
+        await ensure_bucket(c, bucket)
         await c.put_object(Bucket=bucket, Key=key, Body=data)
 
 
@@ -64,7 +59,7 @@ async def test_fill_from_s3_checks_the_hash_and_evicts_when_full(servers, tmp_pa
     assert not (tmp_path / "blobs" / bad).exists()
     other = os.urandom(300_000)
     await put(servers, "cache-test", "other", other)
-    await asyncio.sleep(0.01)
+    os.utime(path, (1_000_000, 1_000_000))  # used long ago: the least recently used, without sleeping
     await cache.get(hashlib.sha256(other).hexdigest(), bucket="cache-test", key="other")
     assert not path.exists() and cache.stats["evictions"] == 1  # the least recently used went
 

@@ -1,5 +1,8 @@
 """The worker's side of checkpoint/restore, over the runtime's dump and restore: CRIU enabled (or
-why not), dumps into the node cache, restores from it (filled from S3 on a miss, hash verified)."""
+why not), dumps into the node cache, restores from it (filled from S3 on a miss, hash verified),
+and the orchestration around them: whether to dump (levers9.contracts.checkpoint_policy), the
+claim that makes it one dump per deployment version, the events that say what happened.
+"""
 
 from __future__ import annotations
 
@@ -7,12 +10,26 @@ import asyncio
 import logging
 import shutil
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+import asyncpg
 import httpx
 
+from levers9.contracts import envelope, uuid7
+from levers9.contracts import events as E
+from levers9.contracts.checkpoint_policy import DumpChoice, dump_choice
+from levers9.contracts.spec import CheckpointRef
+from levers9.runtime.bus import ConcurrencyConflict
 from levers9.runtime.config import Settings
+from levers9.runtime.tasks import spawn
 
+from .checkpoint import CheckpointArtifact, RestoreError
+from .container import ContainerSpec, Runtime, Started
 from .node_cache import NodeCache
+from .placement import Running
+
+if TYPE_CHECKING:
+    from .service import WorkerService
 
 log = logging.getLogger("levers9.worker.checkpoint")
 
@@ -21,7 +38,7 @@ class CheckpointSkipped(Exception):
     pass
 
 
-async def enable_criu(runtime, settings: Settings) -> str:
+async def enable_criu(runtime: Runtime, settings: Settings) -> str:
     """Check CRIU (>= 4) at worker start and arm the runtime with it; returns a note for the log,
     /healthz and the registration (the feature `criu` is advertised only when it works)."""
     if settings.worker_criu == "off":
@@ -33,17 +50,13 @@ async def enable_criu(runtime, settings: Settings) -> str:
         info = await ensure_criu(Path(settings.image_cache), lambda msg: log.info("criu: %s", msg))
     except CriuUnavailable as exc:
         return f"off: {exc}"
-    runtime.use_criu(info)
+    runtime.use_criu(info)  # type: ignore[attr-defined]  # the runc runtime's
     return f"on: CRIU {info.version} ({info.binary})"
 
 
-def ready(runtime) -> bool:
-    return bool(getattr(runtime, "checkpoint_ready", False))
-
-
-async def dump(runtime, container_id: str, cache: NodeCache, settings: Settings, memory_mib: int):
+async def dump(runtime: Runtime, container_id: str, cache: NodeCache, memory_mib: int) -> CheckpointArtifact:
     """Dump leave-running into a tar, then move it into the node cache under its sha256."""
-    usage = runtime.memory_usage(container_id) if hasattr(runtime, "memory_usage") else None
+    usage = runtime.memory_usage(container_id)
     if usage is not None and usage > memory_mib * 1024 * 1024:
         raise CheckpointSkipped(f"the container uses {usage >> 20} MiB, more than its limit of {memory_mib} MiB")
     if usage is not None and usage > cache.max_bytes:
@@ -59,19 +72,122 @@ async def dump(runtime, container_id: str, cache: NodeCache, settings: Settings,
     return artifact
 
 
-async def restore(runtime, cspec, checkpoint, cache_url: str, cache: NodeCache):
-    from .checkpoint import RestoreError
-
-    if checkpoint["status"] != "available":
-        raise RestoreError(f"checkpoint {checkpoint['checkpoint_id']} is {checkpoint['status']}")
-    sha = checkpoint["sha256"]
+async def restore(runtime: Runtime, cspec: ContainerSpec, ref: CheckpointRef, cache_url: str) -> Started:
+    """Restore `ref` through the node cache. The gateway chose it among the `available` (stored)
+    checkpoints of this deployment version, so its status is not checked again here."""
     async with httpx.AsyncClient(timeout=300) as client:
-        r = await client.get(f"{cache_url}/blobs/{sha}", params={"bucket": checkpoint["bucket"],
-                                                                 "key": checkpoint["key"], "fill": "true"})
+        r = await client.get(f"{cache_url}/blobs/{ref.sha256}",
+                             params={"bucket": ref.bucket, "key": ref.key, "fill": "true"})
     if r.status_code != 200:
-        raise RestoreError(f"the node cache could not get the checkpoint: {r.json().get('detail', r.text)}")
+        raise RestoreError(f"the node cache could not get the checkpoint: {_detail(r)}")
     path = Path(r.json()["path"])
     # the cache checked the sha256 when the blob entered it (a dump, a peer, S3); checking the whole
     # tar again here would cost ~0.3 s per 400 MB on every restore. The manifest and layout are
     # still checked by the runtime's unpack.
     return await runtime.restore(cspec, path)
+
+
+def _detail(r: httpx.Response) -> str:
+    try:
+        return str(r.json().get("detail", r.text))
+    except ValueError:
+        return r.text
+
+
+class Checkpoints:
+    """Dumps and restores of one worker: at most one dump per deployment at a time on this worker,
+    one per deployment version across workers (the claim), every outcome an event."""
+
+    def __init__(self, worker: WorkerService) -> None:
+        self.worker = worker
+        self.dumping: set[str] = set()  # deployment ids with a dump in progress here
+
+    def after_ready(self, c: Running) -> None:
+        """A container just became ready: dump it when the policy says so (in the background)."""
+        choice = dump_choice(c.spec, criu_ready=self.worker.runtime.checkpoint_ready, restored=bool(c.restored_from))
+        if choice.dump:
+            spawn(self.checkpoint(c), name=f"checkpoint {c.container_id}", logger=log)
+
+    def requested(self, c: Running) -> None:
+        """A user asked for a dump of this (ready) container."""
+        spawn(self.checkpoint(c, manual=True), name=f"checkpoint {c.container_id}", logger=log)
+
+    async def restore(self, c: Running, cspec: ContainerSpec, ref: CheckpointRef) -> tuple[Started | None, str]:
+        """Restore from the node cache (filled from S3 on a miss, hash verified). On any failure the
+        checkpoint is marked restore_failed and the container starts cold (the caller does that)."""
+        ck = ref.checkpoint_id
+        w = self.worker
+        try:
+            started = await restore(w.runtime, cspec, ref, w.cache_url)
+            return started, f"restored from {ck}"
+        except Exception as exc:  # noqa: BLE001 - a failed restore is never fatal: cold start instead
+            reason = f"{type(exc).__name__}: {exc}"
+            log.warning("restore of %s from %s failed, starting cold: %s", c.container_id, ck, reason)
+            await w.emit(c, E.CheckpointFailed(checkpoint_id=ck, stage="restore", reason=reason,
+                                               deployment_id=c.deployment_id, worker_id=w.worker_id))
+            return None, f"cold: restore of {ck} failed: {reason}"[:500]
+
+    async def checkpoint(self, c: Running, manual: bool = False) -> None:
+        """Dump a ready container leave-running, at most one dump per deployment version at a time."""
+        if c.deployment_id in self.dumping:
+            return
+        self.dumping.add(c.deployment_id)
+        try:
+            claim = await self.claim(c, manual)
+            if claim is not None:
+                await self._dump(c, claim)
+        finally:
+            self.dumping.discard(c.deployment_id)
+
+    async def _dump(self, c: Running, claim: str) -> None:
+        w = self.worker
+        try:
+            dumped = await dump(w.runtime, c.container_id, w.cache, c.memory_mib)
+        except Exception as exc:  # noqa: BLE001 - whatever failed, it is recorded as CheckpointFailed with its reason
+            log.warning("checkpoint of %s skipped: %s", c.container_id, exc)
+            await w.emit(c, E.CheckpointFailed(checkpoint_id=claim, stage="dump", reason=str(exc)[:1000],
+                                               deployment_id=c.deployment_id, worker_id=w.worker_id))
+            return
+        await w.emit(c, E.CheckpointDumped(
+            checkpoint_id=claim, deployment_id=c.deployment_id, deployment_version=c.deployment_version,
+            container_id=c.container_id, worker_id=w.worker_id, accelerator="", runtime=w.runtime.name,
+            size_bytes=dumped.size_bytes, sha256=dumped.sha256, location=f"{w.cache_url}/blobs/{dumped.sha256}"))
+        log.info("checkpoint %s of %s: %d bytes in %.2f s", claim, c.container_id, dumped.size_bytes, dumped.seconds)
+
+    async def claim(self, c: Running, manual: bool) -> str | None:
+        """A new checkpoint id claimed for this deployment (DeploymentCheckpointClaimed, appended with
+        optimistic concurrency on the deployment), or None when the policy or another worker says no."""
+        w = self.worker
+        dep = await w.pool.fetchrow("SELECT last_seq, checkpoint_claim FROM worker.deployments WHERE workspace=$1 "
+                                    "AND deployment_id=$2", c.workspace, c.deployment_id)
+        if dep is None:
+            return None
+        choice = await self._choice(c, manual, dep)
+        if not choice.dump:
+            log.info("no checkpoint of %s: %s", c.container_id, choice.why)
+            if manual:  # a user asked: say why not where they look (the checkpoint list)
+                await w.emit(c, E.CheckpointFailed(checkpoint_id=uuid7(), stage="dump", reason=choice.why,
+                                                   deployment_id=c.deployment_id, worker_id=w.worker_id))
+            return None
+        checkpoint_id = uuid7()
+        try:
+            await w.bus.append(envelope(E.DeploymentCheckpointClaimed(
+                deployment_id=c.deployment_id, checkpoint_id=checkpoint_id, worker_id=w.worker_id,
+                container_id=c.container_id), workspace=c.workspace, correlation_id=c.correlation_id), dep["last_seq"])
+        except ConcurrencyConflict:
+            return None  # another worker claimed it first
+        return checkpoint_id
+
+    async def _choice(self, c: Running, manual: bool, dep: asyncpg.Record) -> DumpChoice:
+        w = self.worker
+        has_one = claimed = False
+        if not manual:
+            has_one = bool(await w.pool.fetchval(
+                "SELECT count(*) FROM worker.checkpoints WHERE workspace=$1 AND deployment_id=$2 "
+                "AND status IN ('dumped', 'available')", c.workspace, c.deployment_id))
+            # claimed and not dumped yet (no row): another worker is dumping it now
+            claimed = bool(dep["checkpoint_claim"]) and await w.pool.fetchval(
+                "SELECT status FROM worker.checkpoints WHERE workspace=$1 AND checkpoint_id=$2",
+                c.workspace, dep["checkpoint_claim"]) is None
+        return dump_choice(c.spec, criu_ready=w.runtime.checkpoint_ready, restored=bool(c.restored_from),
+                           manual=manual, version_has_checkpoint=has_one, claimed_elsewhere=claimed)

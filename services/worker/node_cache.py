@@ -23,11 +23,11 @@ from pathlib import Path
 from typing import AsyncIterator
 
 import httpx
-from aiobotocore.session import get_session
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.responses import FileResponse
 
 from levers9.runtime.config import Settings
+from levers9.runtime.storage import s3_client
 
 log = logging.getLogger("levers9.node_cache")
 SHA_RE = re.compile(r"^[0-9a-f]{64}$")
@@ -149,9 +149,7 @@ class NodeCache:
                     yield chunk
 
     async def _from_s3(self, bucket: str, key: str) -> AsyncIterator[bytes]:
-        s = self.settings
-        async with get_session().create_client("s3", endpoint_url=s.s3_endpoint, aws_access_key_id=s.s3_access_key,
-                                               aws_secret_access_key=s.s3_secret_key, region_name=s.s3_region) as c:
+        async with s3_client(self.settings) as c:
             obj = await c.get_object(Bucket=bucket, Key=key)
             async with obj["Body"] as body:
                 while chunk := await body.read(1 << 20):

@@ -3,12 +3,15 @@
 - At start it prepares its runtime (runc: the base root file system, the bridge; or plain
   processes), removes what a crashed predecessor left, then registers with its capacity and
   runtime features and heartbeats into the KV bucket.
-- It consumes ContainerScheduled / ContainerStopRequested and acts only on its own containers.
+- It consumes ContainerScheduled / ContainerStopRequested / ContainerCheckpointRequested and acts
+  only on its own containers. A placement carries everything the start needs (spec, resources,
+  checkpoint): no projection is read to start it (levers9.worker.placement).
 - For a placement: code archive from the gateway (with its worker token), secrets decrypted, the
-  container started (ContainerStarted), the runner's health polled until ready (ContainerReady with
-  the address) or failed (ContainerFailed with the reason from the log).
+  container started or restored (ContainerStarted), the runner's health polled until ready
+  (ContainerReady with the address) or failed (ContainerFailed with the reason from the log).
 - A monitor loop notices containers that exit or run out of memory, and stops the ones idle for
-  keep_warm_seconds (scale to zero: ContainerStopped).
+  keep_warm_seconds (scale to zero: ContainerStopped; the rule is levers9.worker.idle).
+- Checkpoints: levers9.worker.checkpointing; HTTP routes: levers9.worker.routes.
 """
 
 from __future__ import annotations
@@ -21,53 +24,36 @@ import os
 import socket
 import tarfile
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 import psutil
-from fastapi import FastAPI, HTTPException
-from fastapi.responses import PlainTextResponse, StreamingResponse
+from fastapi import FastAPI
 
 import levers9
-from levers9.contracts import envelope, uuid7
+from levers9.contracts import SYSTEM_WORKSPACE, envelope, subjects
 from levers9.contracts import events as E
 from levers9.runtime.consumer import Delivery, WorkConsumer
 from levers9.runtime.secrets import decrypt
 from levers9.runtime.service import Service
-from levers9.runtime.bus import ConcurrencyConflict
-from levers9.runtime.views import CheckpointsView, ContainersView, DeploymentsView, SecretsView, WorkersView
+from levers9.runtime.tasks import spawn
+from levers9.runtime.views import CheckpointsView, DeploymentsView, SecretsView, WorkersView
 
 from . import checkpointing
+from .container import ContainerSpec, Exit, Runtime, Started
+from .idle import should_stop_idle
 from .node_cache import NodeCache, cache_app
-from .runtime import ContainerSpec, Exit, choose_runtime
+from .placement import Overtaken, Running, runner_env
+from .routes import add_routes
+from .runtime import choose_runtime
 
 log = logging.getLogger("levers9.worker")
 
 HEARTBEAT_EVERY_S = 2.0
 MONITOR_EVERY_S = 1.0
-
-
-@dataclass
-class Running:
-    container_id: str
-    workspace: str
-    deployment_id: str
-    correlation_id: str
-    keep_warm_seconds: int
-    started_at: float
-    address: str = ""
-    ready_at: float | None = None
-    stopping: bool = False
-    task: asyncio.Task | None = field(default=None, repr=False)
-    spec: dict = field(default_factory=dict, repr=False)
-    deployment_version: int = 0
-    restored_from: str = ""
-    memory_mib: int = 0
-
-
-class NotYet(Exception):
-    """The projection has not caught up with this delivery yet: nak, and it comes back."""
+HEALTH_POLL_S = 0.02
+NOTHING_TO_RUN = "nothing to run: the request names no deployment"
 
 
 def log_tail(path: Path, lines: int = 12) -> str:
@@ -80,20 +66,21 @@ def log_tail(path: Path, lines: int = 12) -> str:
 
 class WorkerService(Service):
     name = "worker"
-    projections = (ContainersView(), DeploymentsView(), SecretsView(), WorkersView(), CheckpointsView())
+    projections = (DeploymentsView(), SecretsView(), WorkersView(), CheckpointsView())
+    runtime: Runtime
 
     def __init__(self, settings) -> None:
         super().__init__(settings)
         self.state_dir = self.settings.home_path / "workers" / self.worker_id
-        self.runtime = None
         self.runtime_note = ""
         self.ready = asyncio.Event()
         self.containers: dict[str, Running] = {}
+        self.overtaken = Overtaken()
         self.prepare_error = ""
         self.criu_note = "not checked"
         self.cache = NodeCache(Path(self.settings.image_cache) / "blobs", self.settings, self.settings.cache_max_bytes)
         self.cache_url = f"http://{self.settings.http_host}:{self.settings.cache_port}"
-        self.dumping: set[str] = set()
+        self.checkpoints = checkpointing.Checkpoints(self)
 
     @property
     def worker_id(self) -> str:
@@ -117,9 +104,11 @@ class WorkerService(Service):
         server = _Server(uvicorn.Config(cache_app(self.cache), host=self.settings.http_host,
                                         port=self.settings.cache_port, log_config=None, access_log=False,
                                         lifespan="off"))
-        task = asyncio.create_task(server.serve())
-        await asyncio.wait([task, asyncio.create_task(stop.wait())], return_when=asyncio.FIRST_COMPLETED)
+        task = asyncio.create_task(server.serve(), name="node cache")
+        stopped = asyncio.create_task(stop.wait())
+        await asyncio.wait([task, stopped], return_when=asyncio.FIRST_COMPLETED)
         if task.done():
+            stopped.cancel()
             log.info("node cache: %s is served by another worker of this node", self.cache_url)
             return
         server.should_exit = True
@@ -139,24 +128,27 @@ class WorkerService(Service):
             self.prepare_error = f"{type(exc).__name__}: {exc}"
             log.exception("runtime %s could not be prepared", self.runtime.name)
             return
+        await self.register()
+
+    async def register(self) -> None:
         s = self.settings
         registered = E.WorkerRegistered(
             worker_id=self.worker_id, pool=s.worker_pool,
             cpu_millicores=s.worker_cpu_millicores or (os.cpu_count() or 1) * 1000,
             memory_mib=s.worker_memory_mib or psutil.virtual_memory().total // (1 << 20),
-            features=list(self.runtime.features) + (["criu"] if checkpointing.ready(self.runtime) else []),
+            features=list(self.runtime.features) + (["criu"] if self.runtime.checkpoint_ready else []),
             address=f"http://{s.http_host}:{s.http_port}")
-        env = envelope(registered, workspace="_sys")
+        env = envelope(registered, workspace=SYSTEM_WORKSPACE)
         await self.bus.publish(env)
-        await self.bus.publish(envelope(E.WorkerReady(worker_id=self.worker_id), workspace="_sys",
+        await self.bus.publish(envelope(E.WorkerReady(worker_id=self.worker_id), workspace=SYSTEM_WORKSPACE,
                                         correlation_id=env.correlation_id, causation_id=env.id))
         self.ready.set()
         log.info("worker %s registered with %s", self.worker_id, registered.features)
 
     def reactions(self):
+        wanted = ("ContainerScheduled", "ContainerStopRequested", "ContainerCheckpointRequested")
         return [WorkConsumer(self.bus, f"worker-{self.worker_id}",
-                             ["levers9.*.container.*.ContainerScheduled", "levers9.*.container.*.ContainerStopRequested",
-                              "levers9.*.container.*.ContainerCheckpointRequested"],
+                             [subjects.filter_subject(aggregate="container", event_type=t) for t in wanted],
                              handle=self.on_container_event, max_deliver=50, ack_wait=60)]
 
     async def on_stop(self) -> None:
@@ -166,7 +158,7 @@ class WorkerService(Service):
             kv = await self.bus.heartbeats()
             await kv.delete(self.worker_id)
         except Exception:  # noqa: BLE001 - the TTL removes it anyway
-            pass
+            log.warning("could not delete the heartbeat of %s (its TTL removes it)", self.worker_id, exc_info=True)
 
     async def heartbeat(self, stop: asyncio.Event) -> None:
         kv = await self.bus.heartbeats()
@@ -183,159 +175,77 @@ class WorkerService(Service):
     async def on_container_event(self, d: Delivery) -> None:
         ev = d.message.event
         if isinstance(ev, E.ContainerStopRequested):
+            self.overtaken.saw(ev.container_id, d.seq, "its stop was requested")
             c = self.containers.get(ev.container_id)
             if c is not None:
                 await self.stop_container(c, ev.reason or "stop requested")
-            return
-        if isinstance(ev, E.ContainerCheckpointRequested):
+        elif isinstance(ev, E.ContainerCheckpointRequested):
             c = self.containers.get(ev.container_id)
             if c is not None and c.ready_at is not None:
-                asyncio.create_task(self.checkpoint(c, manual=True))
+                self.checkpoints.requested(c)
+        elif isinstance(ev, E.ContainerScheduled):
+            if ev.worker_id != self.worker_id:
+                self.overtaken.saw(ev.container_id, d.seq, f"it was placed on worker {ev.worker_id}")
+            elif ev.container_id not in self.containers:
+                await self.ready.wait()
+                await self.on_placed(ev, d)
+
+    async def on_placed(self, ev: E.ContainerScheduled, d: Delivery) -> None:
+        """A placement on this worker: start the container in the background (the consumer goes on)."""
+        stale = self.overtaken.stale(ev.container_id, d.seq)
+        if stale:
+            log.info("placement of %s (stream sequence %d) is stale: %s; skipping", ev.container_id, d.seq, stale)
             return
-        if ev.worker_id != self.worker_id or ev.container_id in self.containers:
+        self.overtaken.saw(ev.container_id, d.seq, "it was started here already")
+        env = d.message.envelope
+        c = Running(ev.container_id, env.workspace, ev.deployment_id, env.correlation_id, time.time(), spec=ev.spec,
+                    deployment_version=ev.deployment_version, memory_mib=ev.resources.memory_mib,
+                    scheduled_seq=d.seq)
+        if ev.spec is None:
+            await self.finish(c, Exit(None, NOTHING_TO_RUN), failed=True)
             return
-        await self.ready.wait()
-        row = await self.projected(d.message.envelope.workspace, ev.container_id, d.seq)
-        if row is None:
-            raise NotYet(f"container {ev.container_id} not projected yet")
-        if row["worker_id"] != self.worker_id or row["status"] != "scheduled":
-            log.info("placement of %s is stale (%s on %s); skipping", ev.container_id, row["status"], row["worker_id"])
-            return
-        if not row["deployment_id"]:
-            c = Running(ev.container_id, row["workspace"], "", row["correlation_id"], 0, time.time())
-            await self.finish(c, Exit(None, "nothing to run: the request names no deployment"), failed=True)
-            return
-        dep = await self.pool.fetchrow("SELECT * FROM worker.deployments WHERE workspace=$1 AND deployment_id=$2",
-                                       row["workspace"], row["deployment_id"])
-        if dep is None:
-            raise NotYet(f"deployment {row['deployment_id']} not projected yet")
-        spec = json.loads(dep["spec"])
-        checkpoint = None
-        if ev.checkpoint_id:
-            checkpoint = await self.pool.fetchrow("SELECT * FROM worker.checkpoints WHERE workspace=$1 AND "
-                                                  "checkpoint_id=$2", row["workspace"], ev.checkpoint_id)
-            if checkpoint is None:
-                raise NotYet(f"checkpoint {ev.checkpoint_id} not projected yet")
-        c = Running(ev.container_id, row["workspace"], row["deployment_id"], row["correlation_id"],
-                    int(spec.get("keep_warm_seconds", 60)), time.time(), spec=spec,
-                    deployment_version=dep["version"], memory_mib=row["memory_mib"])
         self.containers[c.container_id] = c
-        c.task = asyncio.create_task(self.start_container(c, row, spec, checkpoint))
+        c.task = spawn(self.start_container(c, ev), name=f"start {c.container_id}", logger=log)
 
-    async def projected(self, workspace: str, container_id: str, seq: int, wait_s: float = 3.0):
-        """Our own projection's row for the container once it has applied `seq`: the placement
-        usually arrives here a few ms before the projection has it; waiting beats a nak's delay."""
-        deadline = time.monotonic() + wait_s
-        while True:
-            row = await self.pool.fetchrow("SELECT * FROM worker.containers WHERE workspace=$1 AND container_id=$2",
-                                           workspace, container_id)
-            if row is not None and row["last_seq"] >= seq:
-                return row
-            if time.monotonic() > deadline:
-                return None
-            await asyncio.sleep(0.005)
-
-    async def start_container(self, c: Running, row, spec: dict, checkpoint=None) -> None:
-        note = ""
+    async def start_container(self, c: Running, ev: E.ContainerScheduled) -> None:
+        assert c.spec is not None
         try:
-            code_dir = await self.fetch_code(c, spec)
+            code_dir = await self.fetch_code(c)
             cspec = ContainerSpec(container_id=c.container_id, code_dir=code_dir,
                                   sdk_dir=Path(levers9.__file__).resolve().parent.parent,
-                                  env=await self.container_env(c, spec),
-                                  cpu_millicores=row["cpu_millicores"], memory_mib=row["memory_mib"])
+                                  env=runner_env(c.spec, await self.secret_env(c.workspace, c.spec.secrets),
+                                                 container_id=c.container_id, deployment_id=c.deployment_id,
+                                                 max_body_bytes=self.settings.max_body_bytes),
+                                  cpu_millicores=ev.resources.cpu_millicores, memory_mib=ev.resources.memory_mib)
         except Exception as exc:  # noqa: BLE001 - every failure becomes ContainerFailed with its reason
             log.exception("container %s could not start", c.container_id)
             await self.finish(c, Exit(None, f"could not start: {type(exc).__name__}: {exc}"), failed=True)
             return
-        if checkpoint is not None:
-            started, note = await self.restore(c, cspec, checkpoint)
+        note = ""
+        if ev.checkpoint is not None and not c.stopping:
+            started, note = await self.checkpoints.restore(c, cspec, ev.checkpoint)
             if started is not None:
-                c.restored_from = checkpoint["checkpoint_id"]
-                await self.emit(c, E.ContainerStarted(container_id=c.container_id, worker_id=self.worker_id,
-                                                      restored_from=c.restored_from, note=note))
-                await self.wait_ready(c, started.address, float(spec.get("timeout_seconds", 180)))
+                c.restored_from = ev.checkpoint.checkpoint_id
+                await self.started(c, started, note)
                 return
+        if c.stopping:  # stopped while its code was fetched: start nothing
+            return
         try:
             started = await self.runtime.start(cspec)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:  # noqa: BLE001 - every failure becomes ContainerFailed with its reason
             log.exception("container %s could not start", c.container_id)
             await self.finish(c, Exit(None, f"could not start: {type(exc).__name__}: {exc}"), failed=True)
             return
-        await self.emit(c, E.ContainerStarted(container_id=c.container_id, worker_id=self.worker_id, note=note))
-        await self.wait_ready(c, started.address, float(spec.get("timeout_seconds", 180)))
+        await self.started(c, started, note)
 
-    async def container_env(self, c: Running, spec: dict) -> dict[str, str]:
-        return {**spec.get("env", {}), **await self.secret_env(c.workspace, spec.get("secrets", [])),
-                "LEVERS9_RUNNER_MODULE": spec.get("module", ""), "LEVERS9_RUNNER_HANDLER": spec.get("handler", ""),
-                "LEVERS9_RUNNER_KIND": spec.get("kind", "endpoint"), "LEVERS9_RUNNER_ON_START": spec.get("on_start", ""),
-                "LEVERS9_RUNNER_CONCURRENCY": str(spec.get("concurrency", 1)),
-                "LEVERS9_RUNNER_TIMEOUT": str(spec.get("timeout_seconds", 180)),
-                "LEVERS9_RUNNER_MAX_BODY": str(self.settings.max_body_bytes),
-                "LEVERS9_CONTAINER_ID": c.container_id, "LEVERS9_DEPLOYMENT_ID": c.deployment_id}
-
-    async def restore(self, c: Running, cspec: ContainerSpec, checkpoint) -> tuple[object | None, str]:
-        """Restore from the node cache (filled from S3 on a miss, hash verified). On any failure the
-        checkpoint is marked restore_failed and the container starts cold (the caller does that)."""
-        ck = checkpoint["checkpoint_id"]
-        try:
-            started = await checkpointing.restore(self.runtime, cspec, checkpoint, self.cache_url, self.cache)
-            return started, f"restored from {ck}"
-        except Exception as exc:  # noqa: BLE001 - a failed restore is never fatal: cold start instead
-            reason = f"{type(exc).__name__}: {exc}"
-            log.warning("restore of %s from %s failed, starting cold: %s", c.container_id, ck, reason)
-            await self.emit(c, E.CheckpointFailed(checkpoint_id=ck, stage="restore", reason=reason,
-                                                  deployment_id=c.deployment_id, worker_id=self.worker_id))
-            return None, f"cold: restore of {ck} failed: {reason}"[:500]
-
-    async def checkpoint(self, c: Running, manual: bool = False) -> None:
-        """Dump a ready container leave-running, at most one dump per deployment version at a time."""
-        if c.deployment_id in self.dumping:
+    async def started(self, c: Running, started: Started, note: str) -> None:
+        assert c.spec is not None
+        if c.stopping:  # stopped (and reported) while it started: its stop found nothing to stop yet
+            await self.runtime.stop(c.container_id)
             return
-        self.dumping.add(c.deployment_id)
-        try:
-            claim = await self.claim_checkpoint(c, manual)
-            if claim is None:
-                return
-            try:
-                dumped = await checkpointing.dump(self.runtime, c.container_id, self.cache, self.settings,
-                                                  c.memory_mib)
-            except Exception as exc:  # noqa: BLE001 - skipped and recorded with the reason
-                log.warning("checkpoint of %s skipped: %s", c.container_id, exc)
-                await self.emit(c, E.CheckpointFailed(checkpoint_id=claim, stage="dump", reason=str(exc)[:1000],
-                                                      deployment_id=c.deployment_id, worker_id=self.worker_id))
-                return
-            await self.emit(c, E.CheckpointDumped(
-                checkpoint_id=claim, deployment_id=c.deployment_id, deployment_version=c.deployment_version,
-                container_id=c.container_id, worker_id=self.worker_id, accelerator="", runtime=self.runtime.name,
-                size_bytes=dumped.size_bytes, sha256=dumped.sha256,
-                location=f"{self.cache_url}/blobs/{dumped.sha256}"))
-            log.info("checkpoint %s of %s: %d bytes in %.2f s", claim, c.container_id, dumped.size_bytes,
-                     dumped.seconds)
-        finally:
-            self.dumping.discard(c.deployment_id)
-
-    async def claim_checkpoint(self, c: Running, manual: bool) -> str | None:
-        dep = await self.pool.fetchrow("SELECT last_seq, checkpoint_claim FROM worker.deployments WHERE workspace=$1 "
-                                       "AND deployment_id=$2", c.workspace, c.deployment_id)
-        if dep is None:
-            return None
-        if not manual:
-            live = await self.pool.fetchval(
-                "SELECT count(*) FROM worker.checkpoints WHERE workspace=$1 AND deployment_id=$2 "
-                "AND status IN ('dumped', 'available')", c.workspace, c.deployment_id)
-            claimed = dep["checkpoint_claim"] and await self.pool.fetchval(
-                "SELECT status FROM worker.checkpoints WHERE workspace=$1 AND checkpoint_id=$2",
-                c.workspace, dep["checkpoint_claim"]) is None
-            if live or claimed:
-                return None  # there is one, or another worker is dumping it now
-        checkpoint_id = uuid7()
-        try:
-            await self.bus.append(envelope(E.DeploymentCheckpointClaimed(
-                deployment_id=c.deployment_id, checkpoint_id=checkpoint_id, worker_id=self.worker_id,
-                container_id=c.container_id), workspace=c.workspace, correlation_id=c.correlation_id), dep["last_seq"])
-        except ConcurrencyConflict:
-            return None  # another worker claimed it first
-        return checkpoint_id
+        await self.emit(c, E.ContainerStarted(container_id=c.container_id, worker_id=self.worker_id,
+                                              restored_from=c.restored_from, note=note))
+        await self.wait_ready(c, started.address, float(c.spec.timeout_seconds))
 
     async def wait_ready(self, c: Running, address: str, timeout: float) -> None:
         deadline = time.monotonic() + max(timeout, 30.0)
@@ -347,35 +257,34 @@ class WorkerService(Service):
                     return
                 try:
                     r = await client.get(f"{address}/_levers9/health")
-                    if r.status_code == 200:
-                        c.address, c.ready_at = address, time.time()
-                        await self.emit(c, E.ContainerReady(container_id=c.container_id, worker_id=self.worker_id,
-                                                            address=address))
-                        if c.spec.get("checkpoint_enabled") and not c.restored_from and self.can_checkpoint(c):
-                            asyncio.create_task(self.checkpoint(c))
-                        return
-                    if r.status_code == 500:
-                        error = r.json().get("error", "the app failed to start")
-                        await self.stop_container(c, f"app failed to start: {error}", failed=True)
-                        return
                 except httpx.HTTPError:
-                    pass
-                await asyncio.sleep(0.02)
+                    r = None
+                if r is not None and r.status_code == 200:
+                    c.address, c.ready_at = address, time.time()
+                    await self.emit(c, E.ContainerReady(container_id=c.container_id, worker_id=self.worker_id,
+                                                        address=address))
+                    self.checkpoints.after_ready(c)
+                    return
+                if r is not None and r.status_code == 500:
+                    error = _json(r).get("error", "the app failed to start")
+                    await self.stop_container(c, f"app failed to start: {error}", failed=True)
+                    return
+                await asyncio.sleep(HEALTH_POLL_S)
         if not c.stopping:
             await self.stop_container(c, f"not ready within {timeout:.0f} s", failed=True)
 
-    def can_checkpoint(self, c: Running) -> bool:
-        """Preconditions, checked: CRIU works here, and the container holds at most one GPU."""
-        return checkpointing.ready(self.runtime) and int(c.spec.get("gpu_count", 0)) <= 1
-
-    async def fetch_code(self, c: Running, spec: dict) -> Path:
-        sha = spec.get("code_sha256", "")
+    async def fetch_code(self, c: Running) -> Path:
+        """The code archive, unpacked once per sha256. The gateway answers for this placement once
+        its own projection has applied the ContainerScheduled (`seq`)."""
+        assert c.spec is not None
+        sha = c.spec.code.sha256
         target = self.state_dir / "code" / sha
         if sha and target.is_dir():
             return target
         url = f"{self.settings.gateway_url}/api/v1/internal/deployments/{c.deployment_id}/code"
         async with httpx.AsyncClient(timeout=30) as client:
-            r = await client.get(url, params={"workspace": c.workspace, "container_id": c.container_id},
+            r = await client.get(url, params={"workspace": c.workspace, "container_id": c.container_id,
+                                              "seq": str(c.scheduled_seq)},
                                  headers={"Authorization": f"Bearer {self.settings.worker_token}"})
         if r.status_code != 200:
             raise RuntimeError(f"code archive not available ({r.status_code}): {r.text[:300]}")
@@ -410,7 +319,7 @@ class WorkerService(Service):
         c.stopping = True
         try:
             ended = await self.runtime.stop(c.container_id)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:  # noqa: BLE001 - the stop is reported with why it failed
             ended = Exit(None, f"stop failed: {exc}")
         if ended.oom:
             reason, failed = ended.reason, True
@@ -424,8 +333,8 @@ class WorkerService(Service):
             if not c.stopping:
                 try:
                     await self.runtime.stop(c.container_id)
-                except Exception:  # noqa: BLE001 - best effort cleanup
-                    pass
+                except Exception:  # noqa: BLE001 - best effort cleanup; the failure is reported below
+                    log.exception("cleaning up the failed container %s", c.container_id)
             await self.emit(c, E.ContainerFailed(container_id=c.container_id, worker_id=self.worker_id,
                                                  exit_code=ended.code, reason=reason))
         else:
@@ -441,7 +350,7 @@ class WorkerService(Service):
                 await _sleep(stop, MONITOR_EVERY_S)
                 draining = await self.draining()
                 for c in list(self.containers.values()):
-                    if c.stopping or c.ready_at is None or c.deployment_id in self.dumping:
+                    if c.stopping or c.ready_at is None or c.deployment_id in self.checkpoints.dumping:
                         continue  # never stop a container in the middle of its dump
                     try:
                         await self.check(client, c, draining)
@@ -449,6 +358,7 @@ class WorkerService(Service):
                         log.exception("checking %s failed", c.container_id)
 
     async def check(self, client: httpx.AsyncClient, c: Running, draining: bool) -> None:
+        assert c.ready_at is not None
         ended = await self.runtime.poll(c.container_id)
         if ended is not None:
             await self.finish(c, ended, failed=True)
@@ -460,52 +370,37 @@ class WorkerService(Service):
             status = (await client.get(f"{c.address}/_levers9/status")).json()
         except (httpx.HTTPError, ValueError):
             return
-        # a restored runner remembers the requests of the container it was dumped from: idle time
-        # counts from this container's own ready time at the earliest
-        last = max(status.get("last_request_at") or 0, c.ready_at)
-        if status.get("inflight", 0) == 0 and time.time() - last >= c.keep_warm_seconds:
-            await self.stop_container(c, f"idle for {c.keep_warm_seconds} s (scale to zero)")
+        why = should_stop_idle(time.time(), c.ready_at, status.get("last_request_at"), status.get("inflight", 0),
+                               c.keep_warm_seconds)
+        if why:
+            await self.stop_container(c, why)
 
     async def draining(self) -> bool:
         try:
             return bool(await self.pool.fetchval("SELECT draining FROM worker.workers WHERE worker_id=$1",
                                                  self.worker_id))
-        except Exception:  # noqa: BLE001
+        except Exception:  # noqa: BLE001 - Postgres away: keep the containers, ask again next round
+            log.warning("cannot read whether worker %s drains", self.worker_id, exc_info=True)
             return False
 
     # ---- HTTP ----------------------------------------------------------------------------------
 
     def routes(self, app: FastAPI) -> None:
-        @app.get("/containers")
-        async def containers() -> list[dict]:
-            return [{"container_id": c.container_id, "workspace": c.workspace, "deployment_id": c.deployment_id,
-                     "address": c.address, "ready": c.ready_at is not None} for c in self.containers.values()]
-
-        @app.get("/containers/{container_id}/logs")
-        async def logs(container_id: str, follow: bool = False):
-            path = self.runtime.log_path(container_id)
-            if not path.exists():
-                raise HTTPException(404, f"no log for container {container_id!r} on worker {self.worker_id}")
-            if not follow:
-                return PlainTextResponse(path.read_text(errors="replace"))
-            return StreamingResponse(_follow(path, lambda: container_id in self.containers), media_type="text/plain")
+        add_routes(app, self)
 
     async def health_detail(self) -> dict:
-        return {"worker_id": self.worker_id, "runtime": self.runtime.name if self.runtime else "",
+        runtime = getattr(self, "runtime", None)
+        return {"worker_id": self.worker_id, "runtime": runtime.name if runtime else "",
                 "runtime_note": self.runtime_note, "registered": self.ready.is_set(), "criu": self.criu_note,
                 "prepare_error": self.prepare_error, "containers": len(self.containers)}
 
 
-async def _follow(path: Path, alive):
-    with path.open("rb") as f:
-        while True:
-            chunk = f.read(65536)
-            if chunk:
-                yield chunk
-                continue
-            if not alive():
-                return
-            await asyncio.sleep(0.3)
+def _json(r: httpx.Response) -> dict[str, Any]:
+    try:
+        body = r.json()
+    except ValueError:
+        return {}
+    return body if isinstance(body, dict) else {}
 
 
 async def _sleep(stop: asyncio.Event, seconds: float) -> None:

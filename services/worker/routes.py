@@ -1,0 +1,46 @@
+"""The worker's HTTP routes beside /healthz and /metrics: its containers and their logs."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from fastapi import FastAPI, HTTPException
+from fastapi.responses import PlainTextResponse, StreamingResponse
+
+if TYPE_CHECKING:
+    from .service import WorkerService
+
+FOLLOW_POLL_S = 0.3
+
+
+def add_routes(app: FastAPI, worker: WorkerService) -> None:
+    @app.get("/containers")
+    async def containers() -> list[dict[str, Any]]:
+        return [{"container_id": c.container_id, "workspace": c.workspace, "deployment_id": c.deployment_id,
+                 "address": c.address, "ready": c.ready_at is not None} for c in worker.containers.values()]
+
+    @app.get("/containers/{container_id}/logs")
+    async def logs(container_id: str, follow: bool = False):
+        path = worker.runtime.log_path(container_id)
+        if not path.exists():
+            raise HTTPException(404, f"no log for container {container_id!r} on worker {worker.worker_id}")
+        if not follow:
+            return PlainTextResponse(path.read_text(errors="replace"))
+        return StreamingResponse(follow_log(path, lambda: container_id in worker.containers),
+                                 media_type="text/plain")
+
+
+async def follow_log(path: Path, alive: Callable[[], bool]) -> AsyncIterator[bytes]:
+    """The log as it grows, until the container is gone and everything it wrote was sent."""
+    with path.open("rb") as f:
+        while True:
+            chunk = f.read(65536)
+            if chunk:
+                yield chunk
+                continue
+            if not alive():
+                return
+            await asyncio.sleep(FOLLOW_POLL_S)
