@@ -146,7 +146,10 @@ def assert_nothing_left_runc(rt: RuncRuntime, container_id: str, started: Starte
 
 
 def assert_nothing_left_process(rt: ProcessRuntime, container_id: str, started: Started) -> None:
-    assert proc_state(started.pid) in (None, "Z", "X"), "the app's process still runs"
+    deadline = time.monotonic() + 5  # SIGKILL is sent, not yet delivered, when kill() returns
+    while proc_state(started.pid) not in (None, "Z", "X"):
+        assert time.monotonic() < deadline, "the app's process still runs"
+        time.sleep(0.01)
     assert not (rt.containers_dir / container_id).exists(), "container dir left"
 
 

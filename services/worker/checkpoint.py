@@ -25,6 +25,7 @@ import json
 import os
 import stat
 import tarfile
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
@@ -327,7 +328,7 @@ def _no_filter() -> dict:
     return {"filter": "fully_trusted"} if hasattr(tarfile, "fully_trusted_filter") else {}
 
 
-def _set_xattrs(target: str, pax: dict[str, str]) -> None:
+def _set_xattrs(target: str, pax: Mapping[str, str]) -> None:
     for key, value in pax.items():
         if key.startswith(XATTR_PAX):
             name = key[len(XATTR_PAX):]

@@ -51,7 +51,7 @@ def next_free_address(subnet: str, claimed: Iterable[str]) -> ipaddress.IPv4Addr
 
     Raises AddressesExhausted when every address is taken.
     """
-    net = ipaddress.ip_network(subnet, strict=True)
+    net = ipaddress.IPv4Network(subnet, strict=True)
     taken = {ipaddress.ip_address(a) for a in claimed} | {bridge_address(subnet).ip}
     for host in net.hosts():
         if host not in taken:
@@ -94,7 +94,7 @@ class Ipam:
         self.dir = Path(root) / bridge
 
     def claims(self) -> list[Claim]:
-        found = []
+        found: list[Claim] = []
         if not self.dir.is_dir():
             return found
         for path in self.dir.iterdir():

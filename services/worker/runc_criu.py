@@ -1,4 +1,5 @@
-"""Checkpoint and restore of runc containers with CRIU (a part of RuncRuntime, levers9.worker.runc).
+"""Checkpoint and restore of runc containers with CRIU (the second half of RuncRuntime,
+levers9.worker.runc, over its lifecycle in levers9.worker.runc_lifecycle).
 
 checkpoint() pauses the container, dumps it leave-running with `runc checkpoint`, copies its upper
 layer, thaws it, and writes one tar (levers9.worker.checkpoint); restore() unpacks such a tar once
@@ -16,29 +17,32 @@ import shutil
 import time
 import uuid
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
+
+from levers9.runtime.config import Settings
 
 from . import cgroups, network
 from . import checkpoint as ckpt
 from .bundle import bundle_spec, cgroups_path, hosts_file, spec_record, write_upper
 from .container import ContainerSpec, Progress, Started, start_time
 from .criu import CriuInfo, ensure_criu
-from .mounts import detach, mounts_under
 from .runc_cli import Record, criu_reason, nothing
-
-if TYPE_CHECKING:
-    from .runc import RuncRuntime
+from .runc_lifecycle import CRIU_CONF, SPEC_FILE, RuncLifecycle
 
 KEEP_UNPACKED = 3  # checkpoints kept unpacked per worker for fast restores
 CRIU_LOG_LIMIT = 256 << 20  # a CRIU log past this means CRIU loops (see RuncCli.watched)
-CRIU_CONF = "criu.conf"  # in the container dir: CRIU's options for this container (runc reads it)
-SPEC_FILE = "spec.json"  # in the container dir: the spec fields a checkpoint's manifest keeps
 
 
-class RuncCheckpoints:
-    """The CRIU half of RuncRuntime; its state (the CRIU in use, timeouts) is set by RuncRuntime."""
+class RuncCheckpoints(RuncLifecycle):
+    """The lifecycle plus CRIU: checkpoint() and restore() once use_criu() armed them."""
 
-    _criu: CriuInfo | None
+    def __init__(self, state_dir: Path, settings: Settings, runc: str | None = None):
+        super().__init__(state_dir, settings, runc)
+        self._criu: CriuInfo | None = None  # set by use_criu(): checkpoints on
+        self.dump_timeout = 300.0  # seconds runc checkpoint may take (the container is paused)
+        self.restore_timeout = 60.0  # seconds runc restore may take before it counts as failed
+        self.criu_log_limit = CRIU_LOG_LIMIT
+        self._base_id: str | None = None
 
     # -- CRIU on or off --
 
@@ -46,7 +50,7 @@ class RuncCheckpoints:
         """Arm checkpoint() and restore() with a working CRIU (levers9.worker.criu.ensure_criu)."""
         self._criu = info
 
-    async def enable_checkpoints(self: RuncRuntime, progress: Progress = lambda s: None) -> CriuInfo:
+    async def enable_checkpoints(self, progress: Progress = lambda s: None) -> CriuInfo:
         """Find or make CRIU (a minute the first time on a machine) and use it; CriuUnavailable
         says why not."""
         info = await ensure_criu(Path(self.settings.image_cache), progress)
@@ -63,7 +67,7 @@ class RuncCheckpoints:
 
     # -- checkpoint --
 
-    async def checkpoint(self: RuncRuntime, container_id: str, out_tar: Path) -> ckpt.CheckpointArtifact:
+    async def checkpoint(self, container_id: str, out_tar: Path) -> ckpt.CheckpointArtifact:
         """Dump the running container into `out_tar`; it keeps running (and serving).
 
         The container is frozen (runc pause) for the dump AND the copy of its writable layer, so
@@ -100,7 +104,7 @@ class RuncCheckpoints:
             return ckpt.CheckpointArtifact(size_bytes=size, sha256=sha, seconds=time.monotonic() - began,
                                            dump_seconds=dump_s, paused_seconds=paused_s, manifest=manifest)
 
-    async def _dump_paused(self: RuncRuntime, cid: str, cdir: Path, scratch: Path,
+    async def _dump_paused(self, cid: str, cdir: Path, scratch: Path,
                            criu: CriuInfo) -> tuple[float, float]:
         """Pause, dump leave-running into `scratch/images`, copy the upper layer into
         `scratch/upper`, thaw; (seconds of the dump, seconds paused)."""
@@ -128,7 +132,12 @@ class RuncCheckpoints:
                 raise ckpt.CheckpointError(f"runc resume {cid} after the dump: {err.strip()}")
         return dumped - paused, thawed - paused
 
-    def _remove_unfinished_dumps(self: RuncRuntime) -> None:
+    async def cleanup_all(self) -> list[str]:
+        found = await super().cleanup_all()
+        self._remove_unfinished_dumps()
+        return found
+
+    def _remove_unfinished_dumps(self) -> None:
         """Dumps a dead worker did not finish."""
         scratch = self.state_dir / "checkpoints"
         if scratch.is_dir():
@@ -138,7 +147,7 @@ class RuncCheckpoints:
 
     # -- restore --
 
-    async def restore(self: RuncRuntime, spec: ContainerSpec, tar: Path) -> Started:
+    async def restore(self, spec: ContainerSpec, tar: Path) -> Started:
         """Restore the checkpoint `tar` as the new container `spec.container_id`: its own network
         namespace and address, a fresh overlay whose upper layer comes from the tar; code and SDK
         from `spec` (host paths), limits from `spec`; env, command and port are the dumped ones
@@ -163,7 +172,7 @@ class RuncCheckpoints:
         self._live[cid] = rec
         return Started(address=f"http://{rec.ip}:{rec.port}", pid=rec.pid, log_path=self.log_path(cid))
 
-    async def _restore_into(self: RuncRuntime, rec: Record, cdir: Path, spec: ContainerSpec, tar: Path,
+    async def _restore_into(self, rec: Record, cdir: Path, spec: ContainerSpec, tar: Path,
                             criu: CriuInfo) -> None:
         cid = rec.container_id
         template, manifest = await self._unpacked(tar)
@@ -195,7 +204,7 @@ class RuncCheckpoints:
         rec.started = start_time(rec.pid)
         self._save(rec)
 
-    async def _unpacked(self: RuncRuntime, tar: Path) -> tuple[Path, dict]:
+    async def _unpacked(self, tar: Path) -> tuple[Path, dict]:
         """The checkpoint unpacked once per worker and kept (`<state>/unpacked/<tar name>`): the
         images are read in place by every restore of it, so a restore no longer unpacks hundreds of
         MB first. The newest KEEP_UNPACKED stay; a half-unpacked one is never used (rename)."""
@@ -220,7 +229,7 @@ class RuncCheckpoints:
         os.utime(final)
         return final, json.loads((final / "manifest.json").read_text())
 
-    async def _runc_restore(self: RuncRuntime, cid: str, cdir: Path, images: Path, criu: CriuInfo) -> None:
+    async def _runc_restore(self, cid: str, cdir: Path, images: Path, criu: CriuInfo) -> None:
         work = cdir / "restore-work"
         work.mkdir()
         log = cdir / "runc.log"
@@ -239,25 +248,18 @@ class RuncCheckpoints:
             raise ckpt.RestoreError(
                 f"CRIU could not restore {cid}: {failed or criu_reason(work / 'restore.log', log)}")
 
-    async def _undo_restore(self: RuncRuntime, cid: str) -> None:
+    async def _undo_restore(self, cid: str) -> None:
         """Remove every trace of a failed restore: processes, mounts runc and CRIU left (runc's
         criu-root bind mount, CRIU's cgroup yard in its work dir: both stay when CRIU is killed),
         runc state, network, address, files, cgroups."""
         await cgroups.kill_cgroup(cgroups_path(cid))
         await self.cli.cmd("delete", "-f", cid)
-        self._unmount_criu_leftovers(cid)
+        self._unmount_leftovers(cid)
         shutil.rmtree(self.runc_root / cid, ignore_errors=True)
         await self._teardown(cid, keep_log=False)
         cgroups.remove_cgroups(cgroups_path(cid))
 
-    def _unmount_criu_leftovers(self: RuncRuntime, cid: str) -> None:
-        """Mounts a killed runc/CRIU leaves: runc's `<runc root>/<id>/criu-root` bind of the root,
-        CRIU's cgroup yard `.criu.cgyard.*` in its work dir (deepest first)."""
-        for top in (self.container_dir(cid) / "restore-work", self.runc_root / cid):
-            for mount_point in sorted(mounts_under(top), key=len, reverse=True):
-                detach(mount_point)
-
-    async def _base_identity(self: RuncRuntime) -> str:
+    async def _base_identity(self) -> str:
         """What tells base root file systems apart: the sha256 of their package list."""
         if self._base_id is None:
             await self.prepare()

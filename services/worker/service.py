@@ -173,6 +173,7 @@ class WorkerService(Service):
     # ---- placements ----------------------------------------------------------------------------
 
     async def on_container_event(self, d: Delivery) -> None:
+        assert d.message is not None  # undecodable deliveries are dead-lettered before the handler
         ev = d.message.event
         if isinstance(ev, E.ContainerStopRequested):
             self.overtaken.saw(ev.container_id, d.seq, "its stop was requested")
@@ -197,6 +198,7 @@ class WorkerService(Service):
             log.info("placement of %s (stream sequence %d) is stale: %s; skipping", ev.container_id, d.seq, stale)
             return
         self.overtaken.saw(ev.container_id, d.seq, "it was started here already")
+        assert d.message is not None
         env = d.message.envelope
         c = Running(ev.container_id, env.workspace, ev.deployment_id, env.correlation_id, time.time(), spec=ev.spec,
                     deployment_version=ev.deployment_version, memory_mib=ev.resources.memory_mib,
