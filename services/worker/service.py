@@ -17,6 +17,7 @@
 from __future__ import annotations
 
 import asyncio
+import errno
 import io
 import json
 import logging
@@ -38,7 +39,7 @@ from levers9.runtime.consumer import Delivery, WorkConsumer
 from levers9.runtime.secrets import decrypt
 from levers9.runtime.service import Service
 from levers9.runtime.tasks import spawn
-from levers9.runtime.views import CheckpointsView, DeploymentsView, SecretsView, WorkersView
+from levers9.runtime.views import CheckpointsView, ContainersView, DeploymentsView, SecretsView, WorkersView
 
 from . import checkpointing
 from .container import ContainerSpec, Exit, Runtime, Started
@@ -66,7 +67,9 @@ def log_tail(path: Path, lines: int = 12) -> str:
 
 class WorkerService(Service):
     name = "worker"
-    projections = (DeploymentsView(), SecretsView(), WorkersView(), CheckpointsView())
+    # ContainersView is not read to start anything (a placement carries what the start needs); it
+    # stays because tests/test_e2e_stack.py proves exactly-once projection under SIGKILL with it
+    projections = (ContainersView(), DeploymentsView(), SecretsView(), WorkersView(), CheckpointsView())
     runtime: Runtime
 
     def __init__(self, settings) -> None:
@@ -101,16 +104,13 @@ class WorkerService(Service):
         import uvicorn
 
         from levers9.runtime.service import _Server
-        server = _Server(uvicorn.Config(cache_app(self.cache), host=self.settings.http_host,
-                                        port=self.settings.cache_port, log_config=None, access_log=False,
-                                        lifespan="off"))
-        task = asyncio.create_task(server.serve(), name="node cache")
-        stopped = asyncio.create_task(stop.wait())
-        await asyncio.wait([task, stopped], return_when=asyncio.FIRST_COMPLETED)
-        if task.done():
-            stopped.cancel()
+        sock = bind_unless_taken(self.settings.http_host, self.settings.cache_port)
+        if sock is None:  # uvicorn would exit the process on a taken port
             log.info("node cache: %s is served by another worker of this node", self.cache_url)
             return
+        server = _Server(uvicorn.Config(cache_app(self.cache), log_config=None, access_log=False, lifespan="off"))
+        task = asyncio.create_task(server.serve(sockets=[sock]), name="node cache")
+        await stop.wait()
         server.should_exit = True
         await task
 
@@ -395,6 +395,20 @@ class WorkerService(Service):
         return {"worker_id": self.worker_id, "runtime": runtime.name if runtime else "",
                 "runtime_note": self.runtime_note, "registered": self.ready.is_set(), "criu": self.criu_note,
                 "prepare_error": self.prepare_error, "containers": len(self.containers)}
+
+
+def bind_unless_taken(host: str, port: int) -> socket.socket | None:
+    """A socket bound to host:port, or None when another process listens there."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # not past a live listener: TIME_WAIT only
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        if exc.errno == errno.EADDRINUSE:
+            return None
+        raise
+    return sock
 
 
 def _json(r: httpx.Response) -> dict[str, Any]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 from concurrent.futures import ProcessPoolExecutor
@@ -16,6 +17,7 @@ from levers9.runtime.config import Settings
 from levers9.worker import network, rootfs
 from levers9.worker.network import AddressesExhausted, Ipam, Names, bridge_address, next_free_address
 from levers9.worker.runtime import choose_runtime, runc_missing
+from levers9.worker.service import bind_unless_taken
 
 # ---- pure: addresses -----------------------------------------------------------------------------
 
@@ -145,3 +147,16 @@ def test_choose_runtime(tmp_path):
         choose_runtime(Settings(runtime="docker"), tmp_path)
     auto, note = choose_runtime(Settings(runtime="auto"), tmp_path)
     assert auto.name == ("process" if runc_missing() else "runc"), note
+
+
+# ---- the node cache's port: the first worker of a node serves it, the others share it ------------
+
+def test_bind_unless_taken_says_none_when_another_process_listens():
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+        assert bind_unless_taken("127.0.0.1", port) is None
+    mine = bind_unless_taken("127.0.0.1", port)  # free again
+    assert mine is not None and mine.getsockname() == ("127.0.0.1", port)
+    mine.close()
