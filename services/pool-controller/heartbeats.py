@@ -55,6 +55,12 @@ class HeartbeatTable:
     def snapshot(self) -> Heartbeats:
         return Heartbeats(dict(self.seen), self.current)
 
+    def prune(self, before: float) -> None:
+        """Forget keys not seen since `before`: a worker that died without deleting its key leaves no
+        event when the bucket's TTL drops it, so its entry would stay for ever."""
+        for key in [k for k, at in self.seen.items() if at < before]:
+            del self.seen[key]
+
     def restart(self, why: str) -> None:
         """Drop the watcher and start a new one (the table is unknown until it has synced again)."""
         log.warning("heartbeat watcher restarts: %s", why)

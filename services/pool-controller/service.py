@@ -39,6 +39,7 @@ PROVISION_TIMEOUT_S = 120.0
 FIRST_PASS_AFTER_S = 5.0  # let workers started with the stack register before counting them
 REGISTER_GRACE_S = HEARTBEAT_TTL_S  # a worker that just registered gets one TTL to show its first heartbeat
 TERMINAL = ("lost", "drained")
+FORGET_HEARTBEATS_AFTER_S = 600.0  # far past the TTL: only the table's size depends on it
 
 
 class PoolControllerService(Service):
@@ -101,6 +102,7 @@ class PoolControllerService(Service):
         # an exited worker stays noted until it is declared lost (or its WorkerProvisioned is projected)
         self.exited &= {r["worker_id"] for r in rows} | set(self.provisioned_at)
         last_seq = {r["worker_id"]: r["last_seq"] for r in rows}
+        self.heartbeats.prune(now - FORGET_HEARTBEATS_AFTER_S)
         for wid, why in lost_workers(workers, self.heartbeats.snapshot(), now, HEARTBEAT_TTL_S, REGISTER_GRACE_S,
                                      exited=frozenset(self.exited), provision_timeout=PROVISION_TIMEOUT_S):
             if why == HEARTBEAT_EXPIRED and not await self.confirm_expired(wid):

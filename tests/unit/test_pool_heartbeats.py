@@ -151,3 +151,10 @@ async def test_still_beating_reads_the_key_and_says_when_it_cannot():
     assert await still_beating(bus, "b") is False
     bus.kv.get_error = nats.errors.TimeoutError()
     assert await still_beating(bus, "a") is None  # unknown: never a reason to declare it lost
+
+
+def test_prune_forgets_only_keys_not_seen_since():
+    table = HeartbeatTable(lambda: FakeBus())
+    table.seen = {"old": 10.0, "new": 500.0}
+    table.prune(before=100.0)
+    assert table.seen == {"new": 500.0}

@@ -1,0 +1,325 @@
+"""Soak: a stack under light traffic keeps a flat number of consumers on every stream and a flat RSS in
+every process.
+
+Starts the whole stack as a user does (`levers9 up` in a temporary home), deploys examples/hello.py,
+then, for --minutes, calls its endpoint every 0.5 s and runs `levers9 status` every 5 s. After a
+warm-up it samples, at the start, the middle and the end of the run:
+
+  consumers  every JetStream stream's consumer count (stream info; reading it creates none), the
+             heartbeat bucket KV_levers9_heartbeats included;
+  RSS        the resident memory of every process of the home (services, workers, servers, containers).
+
+It prints both as tables and fails (exit 1) when a stream has more consumers at the end than at the
+start, or a process's RSS grew from start to end by more than the tolerance: --rss-tolerance-pct of
+its start RSS or --rss-tolerance-mib, whichever is larger (Python heaps and postgres backends settle
+in steps; a leak keeps growing), and it also grew over the second half of the run.
+
+  python bench/soak.py --minutes 10 [--warmup 30] [--keep-home]
+
+tests/test_soak.py runs the same thing for a minute in CI (the consumer part only).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import nats
+import psutil
+
+ROOT = Path(__file__).resolve().parent.parent
+HELLO = ROOT / "examples" / "hello.py"
+MIB = 1024 * 1024
+
+
+def log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+# ---- what is measured ------------------------------------------------------------------------------
+
+async def _consumers(nats_url: str) -> dict[str, int]:
+    nc = await nats.connect(nats_url, name="levers9-soak")
+    try:
+        return {info.config.name: info.state.consumer_count for info in await nc.jetstream().streams_info()}
+    finally:
+        await nc.close()
+
+
+def consumers(nats_url: str) -> dict[str, int]:
+    """Consumers per stream, from the streams' info (one request; it creates no consumer)."""
+    return asyncio.run(_consumers(nats_url))
+
+
+def processes(home: Path, containers: frozenset[str] | set[str] = frozenset()) -> dict[str, psutil.Process]:
+    """Every live process of `home`, by a label that says what it is (and its pid): those that name the
+    home (services, workers, servers), what they started (postgres backends), and the processes of
+    `containers` (the container ids of this home: each container is the cgroup levers9/<id>)."""
+    out = {}
+    for proc in psutil.process_iter(["status"]):
+        try:
+            if proc.info["status"] == psutil.STATUS_ZOMBIE or proc.pid == os.getpid():
+                continue
+            if (_of_home(proc, home) or any(_of_home(p, home) for p in proc.parents())
+                    or _container_of(proc.pid) in containers):
+                out[f"{label(proc)} [{proc.pid}]"] = proc
+        except psutil.Error:
+            continue
+    return out
+
+
+def _of_home(proc: psutil.Process, home: Path) -> bool:
+    try:
+        return str(home) in " ".join(proc.cmdline()) or proc.environ().get("LEVERS9_HOME") == str(home)
+    except psutil.Error:
+        return False
+
+
+def _container_of(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cgroup") as f:
+            paths = [line.rsplit(":", 1)[-1].strip() for line in f]
+    except OSError:
+        return ""
+    return next((p.split("/levers9/", 1)[1] for p in paths if "/levers9/" in p), "")
+
+
+def label(proc: psutil.Process) -> str:
+    name, cmd = proc.name(), proc.cmdline()
+    with contextlib.suppress(psutil.Error):
+        env = proc.environ()
+        if env.get("LEVERS9_SERVICE") == "worker":
+            return f"worker {env.get('LEVERS9_WORKER_ID', '')}".strip()
+        if env.get("LEVERS9_SERVICE"):
+            return env["LEVERS9_SERVICE"]
+    if "levers9.runner" in cmd:
+        return "container runner"
+    if name == "postgres" and cmd and cmd[0].startswith("postgres:"):
+        return "pg backend" if " levers9 " in cmd[0] else "pg " + cmd[0].split(":", 1)[1].strip()
+    return {"nats-server": "nats", "weed": "s3 (weed)", "sh": "container sh"}.get(name, name)
+
+
+def rss(home: Path, containers: frozenset[str] | set[str] = frozenset()) -> dict[str, int]:
+    out = {}
+    for key, proc in processes(home, containers).items():
+        try:
+            out[key] = proc.memory_info().rss
+        except psutil.Error:
+            continue
+    return out
+
+
+@dataclass
+class Sample:
+    name: str
+    at: float
+    consumers: dict[str, int]
+    rss: dict[str, int]
+
+
+@dataclass
+class Traffic:
+    """Calls every `every` s and `levers9 status` every `status_every` s, in threads, until stopped."""
+    gateway_url: str
+    token: str
+    env: dict[str, str]
+    every: float = 0.5
+    status_every: float = 5.0
+    calls: list[float] = field(default_factory=list)  # latencies, s
+    errors: list[str] = field(default_factory=list)
+    statuses: list[int] = field(default_factory=list)  # exit codes of `levers9 status`
+    stop: threading.Event = field(default_factory=threading.Event)
+
+    def start(self) -> "Traffic":
+        self.threads = [threading.Thread(target=self._call, daemon=True),
+                        threading.Thread(target=self._status, daemon=True)]
+        for t in self.threads:
+            t.start()
+        return self
+
+    def finish(self) -> None:
+        self.stop.set()
+        for t in self.threads:
+            t.join(timeout=60)
+
+    def _call(self) -> None:
+        with httpx.Client(timeout=60, headers={"Authorization": f"Bearer {self.token}"}) as http:
+            while not self.stop.wait(self.every):
+                started = time.perf_counter()
+                try:
+                    r = http.post(f"{self.gateway_url}/endpoint/hello", json={"name": "soak"})
+                    if r.status_code == 200:
+                        self.calls.append(time.perf_counter() - started)
+                    else:
+                        self.errors.append(f"{r.status_code} {r.text[:200]}")
+                except httpx.HTTPError as exc:
+                    self.errors.append(f"{type(exc).__name__}: {exc}")
+
+    def _status(self) -> None:
+        while not self.stop.wait(self.status_every):
+            r = subprocess.run([sys.executable, "-m", "levers9", "status", "--json"], env=self.env,
+                               capture_output=True, text=True, timeout=60)
+            self.statuses.append(r.returncode)
+
+    def summary(self) -> str:
+        lat = sorted(self.calls)
+        p = (lambda q: f"{lat[min(len(lat) - 1, int(q * len(lat)))] * 1000:.1f} ms") if lat else (lambda q: "-")
+        return (f"{len(lat)} calls ok (p50 {p(0.5)}, p99 {p(0.99)}), {len(self.errors)} failed; "
+                f"{len(self.statuses)} `levers9 status` runs, {sum(1 for c in self.statuses if c)} unhealthy")
+
+
+# ---- the stack -----------------------------------------------------------------------------------
+
+class SoakStack:
+    """`levers9 up` in `home`, examples/hello.py deployed and called once; `down` on exit."""
+
+    def __init__(self, home: Path) -> None:
+        self.home = home
+        self.env = {k: v for k, v in os.environ.items() if not k.startswith("LEVERS9_")}
+        self.env["LEVERS9_HOME"] = str(home)
+        self.gateway_url = self.token = self.nats_url = ""
+
+    def cli(self, *args: str, timeout: float = 300, check: bool = True) -> subprocess.CompletedProcess:
+        r = subprocess.run([sys.executable, "-m", "levers9", *args], env=self.env, capture_output=True, text=True,
+                           timeout=timeout)
+        if check and r.returncode != 0:
+            raise RuntimeError(f"levers9 {' '.join(args)} exited {r.returncode}\n{r.stdout}\n{r.stderr}")
+        return r
+
+    def __enter__(self) -> "SoakStack":
+        started = time.perf_counter()
+        try:
+            self.cli("up", timeout=600)
+            profile = tomllib.loads((self.home / "config.toml").read_text())
+            self.gateway_url, self.token = profile["gateway_url"], profile["token"]
+            self.nats_url = json.loads((self.home / "state.json").read_text())["nats_url"]
+            self._wait_worker()
+            self.cli("deploy", str(HELLO))
+            first = self.call()
+            if first.status_code != 200:
+                raise RuntimeError(f"the first call failed: {first.status_code} {first.text}")
+        except BaseException:
+            self.__exit__()
+            raise
+        log(f"stack up, hello deployed and answering in {time.perf_counter() - started:.1f} s (home {self.home})")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        r = self.cli("down", timeout=300, check=False)
+        if r.returncode != 0:
+            log(f"levers9 down exited {r.returncode}: {r.stderr[-2000:]}")
+
+    def call(self) -> httpx.Response:
+        return httpx.post(f"{self.gateway_url}/endpoint/hello", json={"name": "soak"}, timeout=300,
+                          headers={"Authorization": f"Bearer {self.token}"})
+
+    def _wait_worker(self, timeout: float = 600) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            r = httpx.get(f"{self.gateway_url}/api/v1/workers", headers={"Authorization": f"Bearer {self.token}"})
+            if r.status_code == 200 and any(w["status"] == "ready" for w in r.json()):
+                return
+            time.sleep(0.5)
+        raise RuntimeError(f"no worker became ready within {timeout:.0f} s")
+
+    def traffic(self) -> Traffic:
+        return Traffic(self.gateway_url, self.token, self.env).start()
+
+    def containers(self) -> set[str]:
+        r = httpx.get(f"{self.gateway_url}/api/v1/containers", headers={"Authorization": f"Bearer {self.token}"})
+        r.raise_for_status()
+        return {c["container_id"] for c in r.json()}
+
+    def sample(self, name: str) -> Sample:
+        return Sample(name, time.monotonic(), consumers(self.nats_url), rss(self.home, self.containers()))
+
+
+# ---- the verdict -----------------------------------------------------------------------------------
+
+def consumer_problems(first: Sample, last: Sample) -> list[str]:
+    return [f"stream {s}: {first.consumers.get(s, 0)} consumers at the start, {n} at the end"
+            for s, n in sorted(last.consumers.items()) if n > first.consumers.get(s, 0)]
+
+
+def rss_problems(samples: list[Sample], pct: float, mib: float) -> list[str]:
+    first, middle, last = samples[0], samples[len(samples) // 2], samples[-1]
+    out = []
+    for key in sorted(set(first.rss) & set(last.rss)):
+        grew, allowed = last.rss[key] - first.rss[key], max(first.rss[key] * pct / 100, mib * MIB)
+        if grew > allowed and last.rss[key] > middle.rss.get(key, 0):
+            out.append(f"{key}: RSS {first.rss[key] / MIB:.1f} -> {last.rss[key] / MIB:.1f} MiB "
+                       f"(+{grew / MIB:.1f}, allowed +{allowed / MIB:.1f})")
+    return out
+
+
+def table(samples: list[Sample]) -> str:
+    names = [s.name for s in samples]
+    lines = ["consumers per stream", "  " + f"{'stream':34}" + "".join(f"{n:>10}" for n in names)]
+    for stream in sorted(set().union(*(s.consumers for s in samples))):
+        lines.append("  " + f"{stream:34}" + "".join(f"{s.consumers.get(stream, '-'):>10}" for s in samples))
+    lines += ["", "RSS per process (MiB)", "  " + f"{'process':34}" + "".join(f"{n:>10}" for n in names)]
+    for key in sorted(set().union(*(s.rss for s in samples))):
+        cells = "".join(f"{s.rss[key] / MIB:>10.1f}" if key in s.rss else f"{'-':>10}" for s in samples)
+        lines.append("  " + f"{key[:34]:34}" + cells)
+    return "\n".join(lines)
+
+
+def soak(minutes: float, warmup: float, pct: float, mib: float, home: Path) -> int:
+    with SoakStack(home) as stack:
+        traffic = stack.traffic()
+        try:
+            time.sleep(warmup)  # a bench paces itself: the traffic runs meanwhile
+            samples = [stack.sample("start")]
+            time.sleep(minutes * 30)
+            samples.append(stack.sample("middle"))
+            time.sleep(minutes * 30)
+            samples.append(stack.sample("end"))
+        finally:
+            traffic.finish()
+    print(table(samples))
+    print(f"\ntraffic over {minutes:g} min (+{warmup:g} s warm-up): {traffic.summary()}")
+    problems = consumer_problems(samples[0], samples[-1]) + rss_problems(samples, pct, mib)
+    if len(traffic.errors) > max(1, len(traffic.calls) // 100):
+        problems.append(f"{len(traffic.errors)} calls failed, e.g. {traffic.errors[:3]}")
+    for p in problems:
+        print(f"FAIL {p}")
+    if not problems:
+        print(f"OK: consumers flat on every stream; no RSS grew by more than {pct:g} % or {mib:g} MiB")
+    return 1 if problems else 0
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--minutes", type=float, default=10.0)
+    ap.add_argument("--warmup", type=float, default=30.0, help="seconds of traffic before the first sample")
+    ap.add_argument("--rss-tolerance-pct", type=float, default=10.0)
+    ap.add_argument("--rss-tolerance-mib", type=float, default=8.0)
+    ap.add_argument("--keep-home", action="store_true")
+    args = ap.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="levers9-soak-"))
+    os.chmod(tmp, 0o755)  # postgres runs as another account and must traverse it
+    try:
+        code = soak(args.minutes, args.warmup, args.rss_tolerance_pct, args.rss_tolerance_mib, tmp)
+    finally:
+        if args.keep_home:
+            log(f"home kept: {tmp}")
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
+    sys.exit(code)
+
+
+if __name__ == "__main__":
+    main()
