@@ -284,6 +284,7 @@ class WorkerService(Service):
         if sha and target.is_dir():
             return target
         url = f"{self.settings.gateway_url}/api/v1/internal/deployments/{c.deployment_id}/code"
+        began = time.monotonic()
         async with httpx.AsyncClient(timeout=30) as client:
             r = await client.get(url, params={"workspace": c.workspace, "container_id": c.container_id,
                                               "seq": str(c.scheduled_seq)},
@@ -299,6 +300,8 @@ class WorkerService(Service):
             tmp.rename(target)
         except OSError:  # extracted concurrently by another start of the same code
             pass
+        log.info("code %s of %s: %d bytes fetched and unpacked in %.0f ms", sha[:12], c.deployment_id,
+                 len(r.content), (time.monotonic() - began) * 1000)
         return target
 
     async def secret_env(self, workspace: str, names: list[str]) -> dict[str, str]:
