@@ -110,7 +110,13 @@ class WorkerService(Service):
             return
         server = _Server(uvicorn.Config(cache_app(self.cache), log_config=None, access_log=False, lifespan="off"))
         task = asyncio.create_task(server.serve(sockets=[sock]), name="node cache")
-        await stop.wait()
+        stopped = asyncio.create_task(stop.wait())
+        done, _ = await asyncio.wait([task, stopped], return_when=asyncio.FIRST_COMPLETED)
+        if task in done:  # ended by itself: say why (an exception ends this loop, and the service)
+            stopped.cancel()
+            await task
+            log.warning("node cache: the server at %s stopped by itself", self.cache_url)
+            return
         server.should_exit = True
         await task
 
@@ -203,8 +209,10 @@ class WorkerService(Service):
         c = Running(ev.container_id, env.workspace, ev.deployment_id, env.correlation_id, time.time(), spec=ev.spec,
                     deployment_version=ev.deployment_version, memory_mib=ev.resources.memory_mib,
                     scheduled_seq=d.seq)
-        if ev.spec is None:
-            await self.finish(c, Exit(None, NOTHING_TO_RUN), failed=True)
+        if ev.spec is None:  # a bare container request, or a placement from before the spec travelled
+            why = NOTHING_TO_RUN if not ev.deployment_id else \
+                f"nothing to run: the placement of deployment {ev.deployment_id} carries no spec"
+            await self.finish(c, Exit(None, why), failed=True)
             return
         self.containers[c.container_id] = c
         c.task = spawn(self.start_container(c, ev), name=f"start {c.container_id}", logger=log)

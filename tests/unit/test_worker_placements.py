@@ -1,0 +1,280 @@
+"""The worker acting on delivered events, without servers: a placement starts a container from the
+ContainerScheduled alone (spec, resources, checkpoint), a bare one fails with its reason, stale ones
+are skipped, and the code fetch names the placement's stream sequence. The bus, the runtime and the
+gateway are fakes; nothing here reads a projection."""
+
+from __future__ import annotations
+
+import io
+import tarfile
+from pathlib import Path
+
+import httpx
+import msgspec
+import pytest
+
+from levers9.contracts import envelope
+from levers9.contracts import events as E
+from levers9.contracts.envelope import Message, decode, encode
+from levers9.contracts.spec import CheckpointRef, Code, DeploymentSpec, Resources
+from levers9.runtime.config import Settings
+from levers9.runtime.consumer import Delivery
+from levers9.worker import checkpointing
+from levers9.worker import service as worker_service
+from levers9.worker.container import ContainerSpec, Exit, Started
+from levers9.worker.service import NOTHING_TO_RUN, WorkerService
+
+SPEC = DeploymentSpec(name="hello", code=Code(module="app", handler="handler", sha256="ab" * 32, key="code/x"),
+                      env={"GREETING": "hi"}, timeout_seconds=30)
+
+
+class FakeBus:
+    def __init__(self) -> None:
+        self.published: list[E.Event] = []
+
+    async def publish(self, env) -> None:
+        self.published.append(env)
+
+
+class FakeRuntime:
+    """Starts nothing: records what it was asked, and every container has exited at once."""
+    name = "fake"
+    features: list[str] = []
+    checkpoint_ready = False
+
+    def __init__(self, tmp: Path) -> None:
+        self.tmp = tmp
+        self.started: list[ContainerSpec] = []
+        self.restored: list[tuple[ContainerSpec, Path]] = []
+        self.stopped: list[str] = []
+
+    async def start(self, spec: ContainerSpec) -> Started:
+        self.started.append(spec)
+        return Started(address="http://127.0.0.1:9", pid=1, log_path=self.tmp / "log")
+
+    async def restore(self, spec: ContainerSpec, tar: Path) -> Started:
+        self.restored.append((spec, tar))
+        return Started(address="http://127.0.0.1:9", pid=1, log_path=self.tmp / "log")
+
+    async def poll(self, container_id: str) -> Exit | None:
+        return Exit(1, "exited with status 1")
+
+    async def stop(self, container_id: str, timeout: float = 10) -> Exit:
+        self.stopped.append(container_id)
+        return Exit(1, "exited with status 1")
+
+    def log_path(self, container_id: str) -> Path:
+        return self.tmp / f"{container_id}.log"
+
+
+@pytest.fixture
+def worker(tmp_path) -> WorkerService:
+    w = WorkerService(Settings(home=str(tmp_path), worker_id="w1", image_cache=str(tmp_path / "cache"),
+                               gateway_url="http://gateway.test", worker_token="t0k"))
+    w.bus = FakeBus()
+    w.runtime = FakeRuntime(tmp_path)
+    w.ready.set()
+    return w
+
+
+def delivery(event: E.Event, seq: int) -> Delivery:
+    env = envelope(event, workspace="acme", correlation_id="corr-1")
+    return Delivery(seq=seq, subject=env.subject, data=b"", headers={}, num_delivered=1,
+                    message=Message(envelope=env, event=event, subject=env.subject))
+
+
+def scheduled(cid: str = "c1", worker_id: str = "w1", **kw) -> E.ContainerScheduled:
+    values = dict(container_id=cid, worker_id=worker_id, deployment_id="hello-1", deployment_version=1,
+                  resources=Resources(cpu_millicores=250, memory_mib=128), spec=SPEC)
+    values.update(kw)
+    return E.ContainerScheduled(**values)
+
+
+def published(w: WorkerService, kind: type) -> list:
+    return [m.event for m in (decode(encode(e)) for e in w.bus.published) if isinstance(m.event, kind)]
+
+
+async def settle(w: WorkerService) -> None:
+    for c in list(w.containers.values()):
+        if c.task is not None:
+            await c.task
+
+
+@pytest.fixture
+def gateway(monkeypatch, tmp_path):
+    """The gateway's code route, answering with a tiny archive; records what it was asked."""
+    asked: list[httpx.Request] = []
+    archive = io.BytesIO()
+    with tarfile.open(fileobj=archive, mode="w:gz") as tar:
+        info = tarfile.TarInfo("app.py")
+        body = b"def handler(ctx): return 'hi'\n"
+        info.size = len(body)
+        tar.addfile(info, io.BytesIO(body))
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        asked.append(request)
+        return httpx.Response(200, content=archive.getvalue())
+
+    real = httpx.AsyncClient
+    monkeypatch.setattr(worker_service.httpx, "AsyncClient",
+                        lambda **kw: real(transport=httpx.MockTransport(answer), **kw))
+    return asked
+
+
+async def test_a_placement_starts_from_the_event_alone(worker, gateway):
+    await worker.on_container_event(delivery(scheduled(), seq=42))
+    await settle(worker)
+    [spec] = worker.runtime.started
+    assert (spec.container_id, spec.cpu_millicores, spec.memory_mib) == ("c1", 250, 128)
+    assert spec.env["GREETING"] == "hi" and spec.env["LEVERS9_RUNNER_MODULE"] == "app"
+    assert spec.env["LEVERS9_RUNNER_TIMEOUT"] == "30" and spec.env["LEVERS9_DEPLOYMENT_ID"] == "hello-1"
+    assert (spec.code_dir / "app.py").exists()
+    [request] = gateway
+    assert request.url.path == "/api/v1/internal/deployments/hello-1/code"
+    assert dict(request.url.params) == {"workspace": "acme", "container_id": "c1", "seq": "42"}
+    assert request.headers["authorization"] == "Bearer t0k"
+    [started] = published(worker, E.ContainerStarted)
+    assert started.container_id == "c1" and started.restored_from == ""
+    [failed] = published(worker, E.ContainerFailed)  # the fake runtime's container exits at once
+    assert failed.reason.startswith("exited with status 1")
+    assert all(e.correlation_id == "corr-1" for e in worker.bus.published)
+
+
+async def test_a_bare_request_fails_with_its_reason(worker):
+    await worker.on_container_event(delivery(scheduled(deployment_id="", spec=None), seq=5))
+    [failed] = published(worker, E.ContainerFailed)
+    assert failed.reason == NOTHING_TO_RUN and failed.worker_id == "w1"
+    assert worker.runtime.started == [] and worker.containers == {}
+
+
+async def test_a_redelivered_placement_does_not_start_twice(worker, gateway):
+    for _ in range(2):
+        await worker.on_container_event(delivery(scheduled(), seq=42))
+        await settle(worker)
+    assert len(worker.runtime.started) == 1
+
+
+async def test_a_placement_overtaken_by_later_events_is_skipped(worker, gateway):
+    await worker.on_container_event(delivery(E.ContainerStopRequested(container_id="c1"), seq=50))
+    await worker.on_container_event(delivery(scheduled("c2", worker_id="w2"), seq=51))
+    # placements of c1 and c2 on this worker delivered late (a nak'd message coming back)
+    await worker.on_container_event(delivery(scheduled("c1"), seq=42))
+    await worker.on_container_event(delivery(scheduled("c2"), seq=43))
+    await settle(worker)
+    assert worker.runtime.started == []
+    await worker.on_container_event(delivery(scheduled("c1"), seq=60))  # placed again afterwards: new
+    await settle(worker)
+    assert [s.container_id for s in worker.runtime.started] == ["c1"]
+
+
+async def test_placements_of_other_workers_are_not_ours(worker, gateway):
+    await worker.on_container_event(delivery(scheduled(worker_id="w2"), seq=7))
+    assert worker.runtime.started == [] and worker.bus.published == []
+
+
+async def test_a_placement_with_a_checkpoint_restores_it(worker, gateway, monkeypatch):
+    ref = CheckpointRef(checkpoint_id="ck1", sha256="cd" * 32, bucket="levers9-acme", key="checkpoints/ck1.tar")
+    asked = []
+
+    async def restore(runtime, cspec, checkpoint, cache_url):
+        asked.append(checkpoint)
+        return await runtime.restore(cspec, Path("/blob"))
+
+    monkeypatch.setattr(checkpointing, "restore", restore)
+    await worker.on_container_event(delivery(scheduled(checkpoint=ref), seq=9))
+    await settle(worker)
+    assert asked == [ref] and worker.runtime.started == []
+    [started] = published(worker, E.ContainerStarted)
+    assert started.restored_from == "ck1" and started.note == "restored from ck1"
+
+
+async def test_a_failed_restore_is_marked_and_starts_cold(worker, gateway, monkeypatch):
+    ref = CheckpointRef(checkpoint_id="ck1", sha256="cd" * 32, bucket="b", key="k")
+
+    async def restore(runtime, cspec, checkpoint, cache_url):
+        raise checkpointing.RestoreError("the node cache could not get the checkpoint: refused")
+
+    monkeypatch.setattr(checkpointing, "restore", restore)
+    await worker.on_container_event(delivery(scheduled(checkpoint=ref), seq=9))
+    await settle(worker)
+    [failed] = published(worker, E.CheckpointFailed)
+    assert (failed.checkpoint_id, failed.stage) == ("ck1", "restore") and "refused" in failed.reason
+    [started] = published(worker, E.ContainerStarted)
+    assert started.restored_from == "" and started.note.startswith("cold: restore of ck1 failed")
+    assert len(worker.runtime.started) == 1
+
+
+# ---- dumps: the policy decides, the claim makes it one per version, every outcome is an event --------
+
+class FakePool:
+    """worker.deployments / worker.checkpoints as the claim reads them."""
+
+    def __init__(self, has_checkpoint: bool = False) -> None:
+        self.has_checkpoint = has_checkpoint
+
+    async def fetchrow(self, query: str, *args):
+        return {"last_seq": 3, "checkpoint_claim": ""}
+
+    async def fetchval(self, query: str, *args):
+        return 1 if self.has_checkpoint else 0
+
+
+class Appending(FakeBus):
+    def __init__(self) -> None:
+        super().__init__()
+        self.appended: list[tuple] = []
+
+    async def append(self, env, expected_last_seq: int):
+        self.appended.append((env, expected_last_seq))
+
+
+ENABLED = msgspec.structs.replace(SPEC, checkpoint_enabled=True)
+
+
+def ready_container(worker: WorkerService, spec: DeploymentSpec = SPEC, restored_from: str = ""):
+    from levers9.worker.placement import Running
+    c = Running("c1", "acme", "hello-1", "corr-1", 0.0, spec=spec, deployment_version=1, memory_mib=128,
+                restored_from=restored_from)
+    c.ready_at = 1.0
+    return c
+
+
+async def dump_fails(container_id: str, out_tar: Path):
+    raise checkpointing.CheckpointError("CRIU could not dump c1: no")
+
+
+async def test_a_first_cold_start_is_claimed_and_dumped(worker, monkeypatch):
+    worker.bus, worker.pool = Appending(), FakePool()
+    worker.runtime.checkpoint_ready = True
+    worker.runtime.memory_usage = lambda cid: None
+    worker.runtime.checkpoint = dump_fails
+    await worker.checkpoints.checkpoint(ready_container(worker, ENABLED))
+    [(claim, expected)] = worker.bus.appended
+    assert expected == 3 and decode(encode(claim)).event.container_id == "c1"
+    [failed] = published(worker, E.CheckpointFailed)
+    assert failed.stage == "dump" and "no" in failed.reason
+    assert failed.checkpoint_id == decode(encode(claim)).event.checkpoint_id
+    assert worker.checkpoints.dumping == set()
+
+
+@pytest.mark.parametrize("why, spec, restored, has_one, ready", [
+    ("checkpoint_enabled is off", SPEC, "", False, True),
+    ("restored from a checkpoint already", ENABLED, "ck0", False, True),
+    ("this deployment version has a checkpoint", ENABLED, "", True, True),
+    ("CRIU is not ready on this worker", ENABLED, "", False, False),
+])
+async def test_the_policy_says_no(worker, caplog, why, spec, restored, has_one, ready):
+    worker.bus, worker.pool = Appending(), FakePool(has_checkpoint=has_one)
+    worker.runtime.checkpoint_ready = ready
+    with caplog.at_level("INFO", logger="levers9.worker.checkpoint"):
+        await worker.checkpoints.checkpoint(ready_container(worker, spec, restored))
+    assert worker.bus.appended == [] and worker.bus.published == []  # no claim, no event: nobody asked
+    assert f"no checkpoint of c1: {why}" in caplog.messages
+
+
+async def test_a_manual_dump_the_policy_refuses_says_why(worker):
+    worker.bus, worker.pool = Appending(), FakePool()
+    worker.runtime.checkpoint_ready = False
+    await worker.checkpoints.checkpoint(ready_container(worker), manual=True)
+    [failed] = published(worker, E.CheckpointFailed)
+    assert failed.reason == "CRIU is not ready on this worker" and worker.bus.appended == []
