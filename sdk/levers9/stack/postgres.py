@@ -33,6 +33,8 @@ def launch(home: Home, settings: Settings, progress: Progress) -> Launch:
     data = home.path / "postgres"
     if not (data / "PG_VERSION").exists():
         _initdb(home, data, account, progress)
+    elif account:  # a directory above may have lost o+x since (pytest resets its temporary root to 0700)
+        _make_traversable(data)
     _remove_stale_postmaster_pid(data, progress)
     port = free_port()
     sockets = socket_dir(home.path)
