@@ -63,3 +63,63 @@ def test_pools_file(tmp_path):
     else:
         raise AssertionError("unknown key accepted")
     assert list(load_pools("")) == ["default"]
+
+
+# ---- the heartbeat table against a real NATS (the session's servers) ------------------------------
+
+async def test_heartbeat_table_follows_the_bucket_through_one_consumer(servers):
+    import asyncio
+    import time
+    import uuid
+
+    from levers9.pool_controller.heartbeats import HeartbeatTable, still_beating
+    from levers9.pool_controller.rules import HEARTBEAT_EXPIRED, WorkerState, lost_workers
+    from levers9.runtime.bus import HEARTBEAT_BUCKET, Bus
+
+    bus = await Bus.connect(servers["nats_url"])
+    await bus.ensure_topology()
+    stream = f"KV_{HEARTBEAT_BUCKET}"
+
+    async def consumers() -> int:
+        return (await bus.js.stream_info(stream)).state.consumer_count
+
+    async def until(cond, timeout: float = 10.0) -> None:
+        async def poll():
+            while not await cond():
+                await asyncio.sleep(0.02)
+        await asyncio.wait_for(poll(), timeout)
+
+    kv = await bus.heartbeats()
+    wid = f"hb-{uuid.uuid4().hex[:8]}"
+    before = await consumers()
+    table = HeartbeatTable(lambda: bus)
+    stop = asyncio.Event()
+    task = asyncio.create_task(table.run(stop))
+    try:
+        async def synced() -> bool:
+            return table.current
+        await until(synced)
+        await kv.put(wid, b"{}")
+
+        async def seen() -> bool:
+            return wid in table.snapshot().seen
+        await until(seen)
+        for _ in range(50):  # a pass reads the table from memory: no consumer per read
+            table.snapshot()
+        assert await consumers() == before + 1
+        assert await still_beating(bus, wid) is True
+
+        await kv.delete(wid)  # a worker that stops deletes its key
+
+        async def gone() -> bool:
+            return wid not in table.snapshot().seen
+        await until(gone)
+        assert await still_beating(bus, wid) is False
+        now = time.time()
+        registered = WorkerState(wid, "ready", since=now - 100)
+        assert lost_workers([registered], table.snapshot(), now, ttl=6, grace=6) == [(wid, HEARTBEAT_EXPIRED)]
+        assert table.watches == 1
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 10)
+        await bus.close()
