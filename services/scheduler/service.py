@@ -1,199 +1,131 @@
-"""The scheduler process: consume -> load projection -> decide (placement.place) -> append.
+"""The scheduler process: consume -> fold into memory -> decide (plan) -> append; project beside it.
 
-The backlog is the projection itself: containers `requested` or `pending` (deferred). A scheduling
-pass runs whenever a batch of container or worker events was applied (capacity may have appeared)
-and every few seconds. For each waiting container, oldest first:
-1. place it (pure);
-2. reserve the slot on the worker's subject, expecting the worker's last sequence we know: a second
-   scheduler that decided on the same state gets a conflict instead of overbooking;
-3. append ContainerScheduled on the container's subject, expecting its last sequence (so a container
-   is scheduled once); if that loses, release the slot;
-4. nothing fits: PlacementDeferred once, with the reason (the pool controller reads the backlog).
-It also releases the slots of stopped or failed containers and re-requests the containers of lost
-workers elsewhere.
+It decides from memory (state.py): workers' capacity and the containers waiting to be placed,
+loaded from its projection at start (recovery.py) and kept current from every batch its consumers
+deliver, before the projection commits that batch. The projection stays the durable state it
+recovers from; it no longer sits between an event and the decision.
+1. a batch arrives (memory has consumers of its own, so it never waits for the projection to commit
+   the batch before): fold it into memory, wake the placer;
+2. the placer decides the backlog oldest first (plan.py) and appends: reservations expect the
+   worker's last sequence, ContainerScheduled the container's (placer.py), so two schedulers never
+   overbook a worker nor schedule a container twice;
+3. nothing fits: PlacementDeferred once, with the reason (the pool controller reads the backlog);
+4. slots of containers that stopped, failed or moved on are released; containers of lost workers
+   are requested again elsewhere, from the request they were last asked with.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import uuid
-from dataclasses import replace
+from typing import Any, Awaitable, Callable, Iterable
 
-from levers9.contracts import envelope
-from levers9.contracts import events as E
-from levers9.runtime.bus import ConcurrencyConflict
+from levers9.runtime.config import Settings
 from levers9.runtime.consumer import Delivery
 from levers9.runtime.projection import Projection
 from levers9.runtime.service import Service
 from levers9.runtime.views import ContainersView, WorkersView
 
-from .placement import Request, WorkerState, place, reserve
+from .memory import Memory, Touched
+from .placer import Placer
+from .recovery import load
+from .state import Container, Release, forget_finished, lost_containers, re_request, releases
 
 log = logging.getLogger("levers9.scheduler")
 
-PASS_EVERY_S = 2.0
-RELEASE_NS = uuid.UUID("5b0c3e52-4f7e-4d7c-9a57-0f3f0c0a9e11")
-
-
-def worker_state(row) -> WorkerState:
-    return WorkerState(worker_id=row["worker_id"], pool=row["pool"], status=row["status"],
-                       cpu_millicores=row["cpu_millicores"], memory_mib=row["memory_mib"], gpu_type=row["gpu_type"],
-                       gpu_count=row["gpu_count"], cpu_used=row["cpu_used"], memory_used=row["memory_used"],
-                       gpu_used=row["gpu_used"], features=frozenset(row["features"]), cordoned=row["cordoned"],
-                       last_seq=row["last_seq"])
-
-
-def request_of(row) -> Request:
-    gpu = tuple(row["gpu"])
-    return Request(container_id=row["container_id"], cpu_millicores=row["cpu_millicores"],
-                   memory_mib=row["memory_mib"], pool=row["pool"] or "default", gpu=gpu,
-                   gpu_count=max(1, row["gpu_count"]) if gpu else row["gpu_count"],
-                   excluded=frozenset(row["excluded_workers"]))
+SWEEP_EVERY_S = 2.0  # the safety net: every release and re-request is also decided on events
 
 
 class SchedulerService(Service):
     name = "scheduler"
     projections = (ContainersView(), WorkersView())
 
-    def __init__(self, settings) -> None:
+    def __init__(self, settings: Settings) -> None:
         super().__init__(settings)
-        self.dirty = asyncio.Event()
-        # container -> the sequence of our last decision about it: until the projection has caught
-        # up to it, the row is stale and deciding again would only produce a conflict
-        self.decided: dict[str, int] = {}
-        self.placed = 0
-        self.deferred = 0
-        self.conflicts = 0
+        self.memory = Memory()
+        self._placer: Placer | None = None
+
+    @property
+    def placer(self) -> Placer:
+        if self._placer is None:
+            raise RuntimeError("the scheduler has not started")
+        return self._placer
+
+    async def on_start(self) -> None:
+        state, positions = await load(self.pool, self.schema)
+        self.memory = Memory(state, {p.name: positions.get(p.name, 0) for p in self.projections})
+        self._placer = Placer(self.memory, self.bus.append, self.bus.publish)
+        self.placer.wake.set()
+        log.info("scheduler memory: %d workers, %d containers, %d waiting", len(self.memory.workers),
+                 len(self.memory.containers), len(self.memory.waiting))
 
     async def apply(self, p: Projection, batch: list[Delivery]) -> None:
+        self.take(p.name, batch)  # decide now; the projection commits meanwhile
         await super().apply(p, batch)
-        self.dirty.set()
 
-    def background(self):
-        return [self.scheduling_loop]
+    def take(self, consumer: str, batch: list[Delivery]) -> None:
+        """Fold a delivered batch into memory and start what it calls for."""
+        self.react(self.memory.observe(consumer, batch))
 
-    async def scheduling_loop(self, stop: asyncio.Event) -> None:
+    def react(self, touched: Touched) -> None:
+        if touched.waiting or touched.room or self.placer.stale_workers.known or self.placer.stale_containers.known:
+            self.placer.wake.set()
+        if touched.containers:
+            self._release(releases(self.memory.workers, self.memory.containers, touched.containers))
+            self._requeue([self.memory.containers[k] for k in touched.containers if k in self.memory.containers])
+        if any(self.memory.workers[w].state.status == "lost" for w in touched.workers if w in self.memory.workers):
+            self._requeue(list(self.memory.containers.values()))
+
+    def _release(self, todo: list[Release]) -> None:
+        for r in todo:
+            self.placer.spawn(self.placer.release(r.worker_id, r.slot, r.reason, r.correlation_id),
+                              f"release {r.slot.container_id}")
+
+    def _requeue(self, candidates: Iterable[Container]) -> None:
+        for c in lost_containers(self.memory.workers, candidates):
+            self.placer.request_again(c, re_request(c))
+
+    def background(self) -> list[Callable[[asyncio.Event], Awaitable[None]]]:
+        return [self.placing, self.sweeping]
+
+    async def placing(self, stop: asyncio.Event) -> None:
+        """One pass whenever memory moved in a way that matters (or the sweep asks)."""
         while not stop.is_set():
+            await self.placer.wake.wait()
+            self.placer.wake.clear()
+            if stop.is_set():
+                break
             try:
-                await asyncio.wait_for(self.dirty.wait(), timeout=PASS_EVERY_S)
-            except asyncio.TimeoutError:
-                pass
-            self.dirty.clear()
-            try:
-                await self.run_pass()
+                self.placer.run_pass()
             except Exception:  # noqa: BLE001 - a failed pass is retried by the next one
                 log.exception("scheduling pass failed")
                 await asyncio.sleep(0.5)
+            await asyncio.sleep(0)  # let the appends of this pass go before the next pass
+        await self.placer.drain(timeout=5.0)
 
-    async def run_pass(self) -> None:
-        await self.requeue_lost()
-        await self.release_finished()
-        await self.schedule_waiting()
-
-    async def schedule_waiting(self) -> None:
-        rows = await self.pool.fetch(
-            """SELECT * FROM scheduler.containers WHERE status IN ('requested', 'pending')
-               ORDER BY requested_at, container_id LIMIT 500""")
-        if not rows:
-            return
-        workers = {w["worker_id"]: worker_state(w) for w in await self.pool.fetch("SELECT * FROM scheduler.workers")}
-        for row in rows:
-            if row["last_seq"] < self.decided.get(row["container_id"], 0):
-                continue
-            self.decided.pop(row["container_id"], None)
-            req = request_of(row)
-            decision, checkpoint, note = self.decide(row, req, list(workers.values()))
-            if decision.worker_id is None:
-                if row["status"] == "requested" or row["reason"] != decision.reason:
-                    await self.defer(row, decision.reason)
-                continue
-            w = workers[decision.worker_id]
+    async def sweeping(self, stop: asyncio.Event) -> None:
+        """Every few seconds: what the events may not have said (a release whose publish failed,
+        a container placed on a worker that was lost meanwhile), and forget what is finished."""
+        while not stop.is_set():
             try:
-                appended = await self.bus.append(envelope(E.WorkerSlotReserved(
-                    worker_id=w.worker_id, container_id=req.container_id, workspace=row["workspace"],
-                    cpu_millicores=req.cpu_millicores, memory_mib=req.memory_mib, gpu_count=req.gpu_count),
-                    workspace="_sys", correlation_id=row["correlation_id"]), w.last_seq)
-            except ConcurrencyConflict:
-                self.conflicts += 1  # someone else took capacity there: decide again on fresh state
-                self.dirty.set()
-                return
-            workers[w.worker_id] = reserve(w, req, appended.seq)
-            try:
-                scheduled = await self.bus.append(envelope(E.ContainerScheduled(
-                    container_id=req.container_id, worker_id=w.worker_id, attempt=row["attempt"],
-                    checkpoint_id=checkpoint, note=note),
-                    workspace=row["workspace"], correlation_id=row["correlation_id"]), row["last_seq"])
-                self.decided[req.container_id] = scheduled.seq
-                self.placed += 1
-                log.info("placed %s on %s", req.container_id, w.worker_id)
-            except ConcurrencyConflict:  # another scheduler decided first: undo our reservation only
-                await self.bus.publish(envelope(E.WorkerSlotReleased(
-                    worker_id=w.worker_id, container_id=req.container_id, reason="container moved on",
-                    reserved_seq=appended.seq), workspace="_sys", correlation_id=row["correlation_id"]))
-                self.dirty.set()
+                await asyncio.wait_for(stop.wait(), timeout=SWEEP_EVERY_S)
+            except asyncio.TimeoutError:
+                pass
+            if stop.is_set():
+                break
+            self.sweep()
+        self.placer.wake.set()  # the placing loop sees the stop
 
-    @staticmethod
-    def decide(row, req: Request, workers: list[WorkerState]):
-        """A request that carries a checkpoint goes to a worker with CRIU and the checkpoint's
-        accelerator; when none can take it, it starts cold elsewhere rather than wait."""
-        if row["checkpoint_id"]:
-            restorable = replace(req, features=req.features | {"criu"}, accelerator=row["accelerator"])
-            decision = place(restorable, workers)
-            if decision.worker_id is not None:
-                return decision, row["checkpoint_id"], f"restore {row['checkpoint_id']}"
-            cold = place(req, workers)
-            return cold, "", f"cold: no worker can restore its checkpoint ({decision.reason})"
-        return place(req, workers), "", ""
+    def sweep(self) -> None:
+        m = self.memory
+        self._release(releases(m.workers, m.containers))
+        self._requeue(list(m.containers.values()))
+        m.forget(forget_finished(m.containers, m.workers.values()))
+        self.placer.forget_released()
+        self.placer.wake.set()
 
-    async def defer(self, row, reason: str) -> None:
-        try:
-            deferred = await self.bus.append(envelope(E.PlacementDeferred(container_id=row["container_id"],
-                                                                          reason=reason),
-                                                      workspace=row["workspace"], correlation_id=row["correlation_id"]),
-                                             row["last_seq"])
-            self.decided[row["container_id"]] = deferred.seq
-            self.deferred += 1
-        except ConcurrencyConflict:
-            self.dirty.set()
-
-    async def release_finished(self) -> None:
-        """Free the capacity of containers that stopped, failed or were re-requested elsewhere."""
-        rows = await self.pool.fetch(
-            """SELECT s.worker_id, s.container_id, s.reserved_seq, c.correlation_id, c.status, c.last_seq
-               FROM scheduler.worker_slots s
-               JOIN scheduler.containers c ON c.workspace = s.workspace AND c.container_id = s.container_id
-               WHERE c.status IN ('stopped', 'failed')
-                  OR (c.last_seq > s.reserved_seq AND (c.worker_id <> s.worker_id
-                      OR c.status IN ('requested', 'pending')))""")
-        for r in rows:
-            # the same decision on the same state gets the same id: the server drops the repeat
-            event_id = str(uuid.uuid5(RELEASE_NS, f"{r['worker_id']}:{r['container_id']}:{r['reserved_seq']}"))
-            await self.bus.publish(envelope(
-                E.WorkerSlotReleased(worker_id=r["worker_id"], container_id=r["container_id"], reason=r["status"],
-                                     reserved_seq=r["reserved_seq"]),
-                workspace="_sys", correlation_id=r["correlation_id"], id=event_id))
-
-    async def requeue_lost(self) -> None:
-        """Containers on a lost worker are requested again, elsewhere."""
-        rows = await self.pool.fetch(
-            """SELECT c.* FROM scheduler.containers c JOIN scheduler.workers w ON w.worker_id = c.worker_id
-               WHERE w.status = 'lost' AND c.status IN ('scheduled', 'starting', 'ready')""")
-        for row in rows:
-            excluded = sorted(set(row["excluded_workers"]) | {row["worker_id"]})
-            event = E.ContainerRequested(
-                container_id=row["container_id"], deployment_id=row["deployment_id"],
-                cpu_millicores=row["cpu_millicores"], memory_mib=row["memory_mib"], gpu=list(row["gpu"]),
-                gpu_count=row["gpu_count"], pool=row["pool"], checkpoint_id=row["checkpoint_id"],
-                reason=f"worker {row['worker_id']} lost", deployment_version=row["deployment_version"],
-                attempt=row["attempt"] + 1, excluded_workers=excluded)
-            try:
-                requeued = await self.bus.append(envelope(event, workspace=row["workspace"],
-                                                          correlation_id=row["correlation_id"]), row["last_seq"])
-                self.decided[row["container_id"]] = requeued.seq
-                log.info("re-requested %s: worker %s lost", row["container_id"], row["worker_id"])
-            except ConcurrencyConflict:
-                self.dirty.set()
-
-    async def health_detail(self) -> dict:
-        return {"placed": self.placed, "deferred": self.deferred, "conflicts": self.conflicts}
+    async def health_detail(self) -> dict[str, Any]:
+        c = self.placer.counters if self._placer else None
+        return {"placed": c.placed if c else 0, "deferred": c.deferred if c else 0,
+                "conflicts": c.conflicts if c else 0, "waiting": len(self.memory.waiting),
+                "workers": len(self.memory.workers)}

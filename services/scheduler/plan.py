@@ -1,0 +1,95 @@
+"""One scheduling pass over the backlog: what to append for each waiting container. Pure; no I/O.
+
+The containers are decided oldest first against one running view of the workers: each placement
+takes its capacity in the view before the next container is decided, so a pass never plans more
+onto a worker than it has, even though the reservations reach the log later, one by one.
+For each container:
+1. it fits: place it (reserve the slot, then schedule it). Never on a worker that holds a slot for it
+   already (another scheduler's placement in flight, or one that lost): a second reservation of the
+   same slot would be one slot in the log, and the release of either would free the other;
+2. it does not fit, but a worker of its pool is being refreshed (an append there just conflicted),
+   or it would fit only where a slot for it is held (a placement of it in flight): hold it, the next
+   pass decides on fresh state;
+3. it does not fit: defer it, with the reason; a container already deferred for that same reason
+   is left as it is (no new event).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Collection, Iterable, Mapping
+
+import msgspec
+
+from .decision import Decision, decide
+from .placement import WorkerState, reserve
+from .state import Container
+
+
+@dataclass(frozen=True)
+class Place:
+    container: Container
+    decision: Decision
+
+    @property
+    def worker_id(self) -> str:
+        assert self.decision.worker_id is not None
+        return self.decision.worker_id
+
+
+@dataclass(frozen=True)
+class Defer:
+    container: Container
+    reason: str
+    append: bool  # False: deferred already for this reason
+
+
+@dataclass(frozen=True)
+class Hold:
+    container: Container
+
+
+Step = Place | Defer | Hold
+
+
+class View:
+    """The workers as a pass sees them: their states plus what the pass has placed so far."""
+
+    def __init__(self, workers: Mapping[str, WorkerState]) -> None:
+        self.states = list(workers.values())
+        self.index = {w.worker_id: i for i, w in enumerate(self.states)}
+
+    def take(self, d: Decision) -> None:
+        i = self.index[d.placement.worker_id or ""]
+        self.states[i] = reserve(self.states[i], d.request, self.states[i].last_seq)
+
+    def get(self, worker_id: str) -> WorkerState:
+        return self.states[self.index[worker_id]]
+
+
+def plan(workers: Mapping[str, WorkerState], backlog: Iterable[Container],
+         held_pools: frozenset[str] = frozenset(),
+         holding: Mapping[str, Collection[str]] | None = None) -> list[Step]:
+    """The steps for `backlog` (in order) on `workers` (those being refreshed left out: their pools
+    are `held_pools`); `holding`: the container ids each worker holds a slot for."""
+    view = View(workers)
+    holding = holding or {}
+    steps: list[Step] = []
+    for c in backlog:
+        request = c.request
+        assert request is not None
+        held_by = [wid for wid, ids in holding.items() if c.container_id in ids]
+        if held_by:
+            request = msgspec.structs.replace(request, excluded_workers=sorted({*request.excluded_workers, *held_by}))
+        d = decide(request, view.states)
+        if d.worker_id is not None:
+            view.take(d)
+            steps.append(Place(c, d))
+            continue
+        if held_by:  # the reason as if no slot were held: it names capacity, not a race
+            d = decide(c.request, view.states)
+        if d.worker_id is not None or (request.pool or "default") in held_pools:
+            steps.append(Hold(c))  # it fits only where a placement of it is in flight, or on fresher state
+        else:
+            steps.append(Defer(c, d.reason, append=c.status == "requested" or c.reason != d.reason))
+    return steps
