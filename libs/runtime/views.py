@@ -115,7 +115,9 @@ WORKER_STATUS = {"WorkerProvisioned": "provisioning", "WorkerRegistered": "regis
 SLOT_EVENTS = ("WorkerSlotReserved", "WorkerSlotReleased", "WorkerCordoned", "WorkerUncordoned")
 
 
-class WorkersView(Projection):
+class WorkersView(BatchedProjection):
+    """Workers and the slots reserved on them. One statement per event, so a batch of reservations
+    (thousands a second when a backlog is placed) is one round trip per run of the same event type."""
     name = "workers"
     filter_subjects = (subjects.filter_subject(workspace=SYSTEM_WORKSPACE, aggregate="worker"),)
     tables = ("workers", "worker_slots")
@@ -135,62 +137,60 @@ class WorkersView(Projection):
             memory_mib int NOT NULL, gpu_count int NOT NULL, reserved_seq bigint NOT NULL,
             PRIMARY KEY (worker_id, container_id))"""]
 
-    async def apply(self, conn: asyncpg.Connection, schema: str, msg: Message, seq: int) -> None:
-        ev, at = msg.event, occurred(msg)
-        worker_id = ev.aggregate_id  # every event here is of a worker
-        await conn.execute(f"UPDATE {schema}.workers SET last_seq = $2 WHERE worker_id = $1", worker_id, seq)
+    def statements(self, schema: str, msg: Message, seq: int) -> list[tuple[str, tuple]]:
+        ev = msg.event
         if msg.envelope.type in SLOT_EVENTS:
-            await self._slots(conn, schema, ev, seq)
-            return
+            return [self._slots(schema, ev, seq)]
         status = WORKER_STATUS.get(msg.envelope.type)
-        if status is None:
-            return
-        await conn.execute(
-            f"""INSERT INTO {schema}.workers (worker_id, status, updated_at, version) VALUES ($1, $2, $3, 1)
-                ON CONFLICT (worker_id) DO UPDATE SET status = $2, updated_at = $3,
-                version = {schema}.workers.version + 1, last_seq = $4""", worker_id, status, at, seq)
+        if status is None:  # an event that changes nothing else still moves the worker's last sequence
+            return [(f"UPDATE {schema}.workers SET last_seq = $2 WHERE worker_id = $1", (ev.aggregate_id, seq))]
+        at = occurred(msg)
+        upsert = f"""INSERT INTO {schema}.workers (worker_id, status, updated_at, version, last_seq{{cols}})
+                     VALUES ($1, $2, $3, 1, $4{{vals}}) ON CONFLICT (worker_id) DO UPDATE SET status = $2,
+                     updated_at = $3, version = {schema}.workers.version + 1, last_seq = $4{{sets}}"""
         if isinstance(ev, E.WorkerRegistered):
-            await conn.execute(
-                f"""UPDATE {schema}.workers SET pool=$2, cpu_millicores=$3, memory_mib=$4, gpu_type=$5,
-                    gpu_count=$6, features=$7, address=$8 WHERE worker_id=$1""",
-                ev.worker_id, ev.pool, ev.cpu_millicores, ev.memory_mib, ev.gpu_type, ev.gpu_count,
-                list(ev.features), ev.address)
-            if ev.token_id:
-                await conn.execute(f"UPDATE {schema}.workers SET token_id=$2 WHERE worker_id=$1", ev.worker_id,
-                                   ev.token_id)
-        elif isinstance(ev, E.WorkerProvisioned):
-            await conn.execute(f"UPDATE {schema}.workers SET pool=$2, backend=$3 WHERE worker_id=$1",
-                               ev.worker_id, ev.pool, ev.backend)
+            sql = upsert.format(
+                cols=", pool, cpu_millicores, memory_mib, gpu_type, gpu_count, features, address, token_id",
+                vals=", $5, $6, $7, $8, $9, $10, $11, $12",
+                sets=f""", pool = $5, cpu_millicores = $6, memory_mib = $7, gpu_type = $8, gpu_count = $9,
+                     features = $10, address = $11,
+                     token_id = CASE WHEN $12 <> '' THEN $12 ELSE {schema}.workers.token_id END""")
+            return [(sql, (ev.worker_id, status, at, seq, ev.pool, ev.cpu_millicores, ev.memory_mib, ev.gpu_type,
+                           ev.gpu_count, list(ev.features), ev.address, ev.token_id))]
+        if isinstance(ev, E.WorkerProvisioned):
+            sql = upsert.format(cols=", pool, backend", vals=", $5, $6", sets=", pool = $5, backend = $6")
+            return [(sql, (ev.worker_id, status, at, seq, ev.pool, ev.backend))]
+        return [(upsert.format(cols="", vals="", sets=""), (ev.aggregate_id, status, at, seq))]
 
-    async def _slots(self, conn: asyncpg.Connection, schema: str, ev: E.Event, seq: int) -> None:
-        """Capacity bookkeeping. A release of a slot that is not there changes nothing (idempotent)."""
+    @staticmethod
+    def _slots(schema: str, ev: E.Event, seq: int) -> tuple[str, tuple]:
+        """Capacity bookkeeping. A release of a slot that is not there changes nothing (idempotent);
+        a reservation of a slot that is there already adds nothing."""
         if isinstance(ev, E.WorkerSlotReserved):
-            inserted = await conn.fetchval(
-                f"""INSERT INTO {schema}.worker_slots VALUES ($1,$2,$3,$4,$5,$6,$7) ON CONFLICT DO NOTHING
-                    RETURNING 1""", ev.worker_id, ev.container_id, ev.workspace, ev.cpu_millicores,
-                ev.memory_mib, ev.gpu_count, seq)
-            if inserted:
-                await conn.execute(
-                    f"""UPDATE {schema}.workers SET cpu_used = cpu_used + $2, memory_used = memory_used + $3,
-                        gpu_used = gpu_used + $4 WHERE worker_id = $1""",
-                    ev.worker_id, ev.cpu_millicores, ev.memory_mib, ev.gpu_count)
-        elif isinstance(ev, E.WorkerSlotReleased):
+            return (f"""WITH taken AS (INSERT INTO {schema}.worker_slots VALUES ($1,$2,$3,$4,$5,$6,$7)
+                            ON CONFLICT DO NOTHING RETURNING cpu_millicores, memory_mib, gpu_count)
+                        UPDATE {schema}.workers SET last_seq = $7,
+                            cpu_used = cpu_used + COALESCE((SELECT cpu_millicores FROM taken), 0),
+                            memory_used = memory_used + COALESCE((SELECT memory_mib FROM taken), 0),
+                            gpu_used = gpu_used + COALESCE((SELECT gpu_count FROM taken), 0)
+                        WHERE worker_id = $1""",
+                    (ev.worker_id, ev.container_id, ev.workspace, ev.cpu_millicores, ev.memory_mib, ev.gpu_count,
+                     seq))
+        if isinstance(ev, E.WorkerSlotReleased):
             # a release names the reservation it undoes: a duplicate reservation's release (a lost race)
             # must not free the slot the winner holds
-            row = await conn.fetchrow(
-                f"""DELETE FROM {schema}.worker_slots WHERE worker_id=$1 AND container_id=$2
-                    AND ($3 = 0 OR reserved_seq = $3) RETURNING *""", ev.worker_id, ev.container_id, ev.reserved_seq)
-            if row:
-                await conn.execute(
-                    f"""UPDATE {schema}.workers SET cpu_used = cpu_used - $2, memory_used = memory_used - $3,
-                        gpu_used = gpu_used - $4 WHERE worker_id = $1""",
-                    ev.worker_id, row["cpu_millicores"], row["memory_mib"], row["gpu_count"])
-        elif isinstance(ev, E.WorkerCordoned):
-            await conn.execute(f"UPDATE {schema}.workers SET cordoned = true, draining = $2 WHERE worker_id = $1",
-                               ev.worker_id, ev.drain)
-        elif isinstance(ev, E.WorkerUncordoned):
-            await conn.execute(f"UPDATE {schema}.workers SET cordoned = false, draining = false WHERE worker_id=$1",
-                               ev.worker_id)
+            return (f"""WITH freed AS (DELETE FROM {schema}.worker_slots WHERE worker_id = $1 AND container_id = $2
+                            AND ($3 = 0 OR reserved_seq = $3) RETURNING cpu_millicores, memory_mib, gpu_count)
+                        UPDATE {schema}.workers SET last_seq = $4,
+                            cpu_used = cpu_used - COALESCE((SELECT cpu_millicores FROM freed), 0),
+                            memory_used = memory_used - COALESCE((SELECT memory_mib FROM freed), 0),
+                            gpu_used = gpu_used - COALESCE((SELECT gpu_count FROM freed), 0)
+                        WHERE worker_id = $1""", (ev.worker_id, ev.container_id, ev.reserved_seq, seq))
+        if isinstance(ev, E.WorkerCordoned):
+            return (f"UPDATE {schema}.workers SET last_seq = $3, cordoned = true, draining = $2 WHERE worker_id = $1",
+                    (ev.worker_id, ev.drain, seq))
+        return (f"UPDATE {schema}.workers SET last_seq = $2, cordoned = false, draining = false WHERE worker_id = $1",
+                (ev.aggregate_id, seq))
 
 
 class TokensView(Projection):
