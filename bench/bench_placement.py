@@ -39,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import asyncpg  # noqa: E402
 import httpx  # noqa: E402
-from _common import _cpu_seconds, log, percentiles, publish_many, servers, verdict, wait_quiet, write_results  # noqa: E402
+from _common import CpuMeter, _cpu_seconds, log, percentiles, publish_many, servers, verdict, wait_quiet, write_results  # noqa: E402
 
 from levers9.contracts import SYSTEM_WORKSPACE, envelope, subjects  # noqa: E402
 from levers9.contracts import events as E  # noqa: E402
@@ -67,7 +67,9 @@ class Scheduler:
         self.env = {**{k: v for k, v in os.environ.items() if not k.startswith("LEVERS9_")},
                     "LEVERS9_HOME": str(home), "LEVERS9_NATS_URL": urls["nats_url"],
                     "LEVERS9_DATABASE_URL": urls["database_url"], "LEVERS9_HTTP_PORT": str(self.port),
-                    "LEVERS9_SERVICE": "scheduler", "LEVERS9_LOG_LEVEL": "WARNING"}
+                    "LEVERS9_SERVICE": "scheduler", "LEVERS9_LOG_LEVEL": "WARNING",
+                    **{k: v for k, v in os.environ.items() if k == "LEVERS9_FETCH_BATCH"}}
+        self.home = home
         self.log_path = home / "scheduler.log"
         self.proc: subprocess.Popen | None = None
         self.started = 0.0
@@ -239,7 +241,10 @@ async def throughput_phase(bus: Bus, sched: Scheduler, seen: Placements, args, w
         published = {cid: t0 for cid in cids}  # a burst: all queued at once
     published_s = time.perf_counter() - t0
     cpu0 = _cpu_seconds(sched.proc.pid) if sched.proc else 0.0
+    meter = CpuMeter(sched.home, extra_pids=[sched.proc.pid] if sched.proc else []).start()
     ok = await seen.wait_for(before + args.requests, timeout=300)
+    cores = meter.stop()
+    cores["scheduler"] = cores.pop("publisher", 0.0)
     ours = [seen.at[c] for c in cids if c in seen.at]
     if not ok or len(ours) < args.requests:
         raise SystemExit(f"only {len(ours)} of {args.requests} scheduled within 300 s")
@@ -247,13 +252,19 @@ async def throughput_phase(bus: Bus, sched: Scheduler, seen: Placements, args, w
     cpu = _cpu_seconds(sched.proc.pid) - cpu0 if sched.proc else 0.0
     rate = args.requests / elapsed
     waits = [(seen.at[c] - published[c]) * 1000 for c in cids]
+    timeline = [0] * (int(elapsed / 0.25) + 1)  # placements per quarter second since the first publish
+    for at in ours:
+        timeline[int((at - t0) / 0.25)] += 1
     projection_s = await projection_caught_up(sched.env["LEVERS9_DATABASE_URL"], args.requests)
     health = sched.health() or {}
     return {"requests": args.requests, "workers": len(workers), "mode": "backlog" if args.backlog else "burst",
             "publish_s": round(published_s, 3), "elapsed_s": round(elapsed, 3),
             "placements_per_s": round(rate, 1), "verdict": verdict(rate, TARGET_RATE),
             "request_to_scheduled": percentiles(waits), "duplicates": seen.duplicates,
+            "placed_per_quarter_second": timeline,
             "scheduler_cpu_cores": round(cpu / elapsed, 2) if elapsed else None,
+            "scheduler_cpu_ms_per_placement": round(cpu * 1000 / args.requests, 3),
+            "cores_while_placing": cores,
             "projection_caught_up_after_s": round(projection_s, 3), "scheduler_health": health}
 
 

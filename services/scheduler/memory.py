@@ -41,6 +41,10 @@ class Memory:
         # a worker is only appended while this has not moved (our own appends keep it valid)
         self.foreign: dict[str, int] = {}
         self.own: set[str] = set()  # ids of our appends not yet seen back from the consumer
+        self.holders: dict[str, set[str]] = {}  # container id -> the workers holding a slot for it
+        for w in self.workers.values():
+            for cid in w.slots:
+                self.holders.setdefault(cid, set()).add(w.worker_id)
         self._sorted = True
         for c in sorted(self.containers.values(), key=lambda c: (c.order, c.container_id)):
             self._index(c)
@@ -67,6 +71,7 @@ class Memory:
                 touched.room = True
             container_id = getattr(ev, "container_id", None)
             if container_id is not None:  # a slot event: its container may have a slot to release
+                self._hold(container_id, wid, container_id in new.slots)
                 touched.containers.add((getattr(ev, "workspace", ""), container_id))
             return True
         if ev.AGGREGATE == "container":
@@ -98,6 +103,16 @@ class Memory:
         if batch:
             self.seen[consumer] = max(seen, batch[-1].seq)
         return touched
+
+    def _hold(self, container_id: str, worker_id: str, held: bool) -> None:
+        if held:
+            self.holders.setdefault(container_id, set()).add(worker_id)
+            return
+        workers = self.holders.get(container_id)
+        if workers is not None:
+            workers.discard(worker_id)
+            if not workers:
+                del self.holders[container_id]
 
     def _foreign(self, worker_id: str) -> None:
         self.foreign[worker_id] = self.foreign.get(worker_id, 0) + 1

@@ -125,8 +125,18 @@ def why_none_usable(req: Request, pool_workers: Sequence[WorkerState]) -> str:
     return f"no ready, uncordoned worker in pool {req.pool!r}"
 
 
+def gpus_taken(req: Request) -> int:
+    """The GPUs a request takes: naming a type means at least one."""
+    return max(1, req.gpu_count) if (req.gpu or req.gpu_count) else 0
+
+
+def has_room(w: WorkerState, req: Request) -> bool:
+    """Whether `req` still fits in what `w` has free (cpu, memory and the GPUs it takes)."""
+    return (w.cpu_millicores - w.cpu_used >= req.cpu_millicores and w.memory_mib - w.memory_used >= req.memory_mib
+            and w.gpu_count - w.gpu_used >= gpus_taken(req))
+
+
 def reserve(w: WorkerState, req: Request, new_seq: int) -> WorkerState:
     """The worker after a successful reservation (what the projection will say once it catches up)."""
     return replace(w, cpu_used=w.cpu_used + req.cpu_millicores, memory_used=w.memory_used + req.memory_mib,
-                   gpu_used=w.gpu_used + (max(1, req.gpu_count) if (req.gpu or req.gpu_count) else 0),
-                   last_seq=new_seq)
+                   gpu_used=w.gpu_used + gpus_taken(req), last_seq=new_seq)

@@ -20,7 +20,7 @@ import logging
 import time
 import uuid
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Awaitable, Callable
 
 from levers9.contracts import SYSTEM_WORKSPACE, Envelope, Message, envelope
@@ -30,7 +30,7 @@ from levers9.runtime.bus import Appended, ConcurrencyConflict
 from levers9.runtime.tasks import spawn
 
 from .memory import Memory
-from .placement import WorkerState, reserve
+from .placement import WorkerState, gpus_taken
 from .plan import Defer, Hold, Place, Step, plan
 from .state import Container, ContainerKey, Slot, takes_work
 
@@ -38,7 +38,7 @@ log = logging.getLogger("levers9.scheduler")
 
 STALE_S = 1.0  # a stale aggregate is decided on again after this, even if nothing new arrived
 PASS_LIMIT = 256  # containers decided per pass; the rest in the next one, after the loop breathed
-MAX_QUEUED = 2048  # placements decided but not yet reserved
+MAX_QUEUED = 8192  # placements decided but not yet reserved
 RELEASE_NS = uuid.UUID("5b0c3e52-4f7e-4d7c-9a57-0f3f0c0a9e11")
 
 AppendFn = Callable[[Envelope, int], Awaitable[Appended]]
@@ -67,6 +67,35 @@ class Queued:
 
 
 @dataclass
+class WorkerQueue:
+    """Placements decided on one worker and not reserved yet, in order, and what they will take."""
+    items: deque[Queued] = field(default_factory=deque)
+    cpu: int = 0
+    memory: int = 0
+    gpus: int = 0
+
+    def push(self, item: Queued) -> None:
+        self.items.append(item)
+        self._count(item, 1)
+
+    def pop(self) -> None:
+        self._count(self.items.popleft(), -1)
+
+    def _count(self, item: Queued, sign: int) -> None:
+        req = item.place.decision.request
+        self.cpu += sign * req.cpu_millicores
+        self.memory += sign * req.memory_mib
+        self.gpus += sign * gpus_taken(req)
+
+    def view(self, state: WorkerState) -> WorkerState:
+        """The worker as the next decision must see it: with what is queued taken already."""
+        if not self.items:
+            return state
+        return replace(state, cpu_used=state.cpu_used + self.cpu, memory_used=state.memory_used + self.memory,
+                       gpu_used=state.gpu_used + self.gpus)
+
+
+@dataclass
 class Stale:
     known: dict[str, tuple[int, float]] = field(default_factory=dict)  # id -> (last seq we knew, since)
 
@@ -89,7 +118,7 @@ class Placer:
         self.publish = publish
         self.wake = asyncio.Event()
         self.counters = Counters()
-        self.queues: dict[str, deque[Queued]] = {}
+        self.queues: dict[str, WorkerQueue] = {}
         self.chains: dict[str, asyncio.Task[None]] = {}
         self.busy: set[ContainerKey] = set()  # a decision about it is on its way to the log
         self.stale_workers = Stale()
@@ -126,8 +155,7 @@ class Placer:
                    if takes_work(w.state) and wid not in self.stale_workers.known}
         held = frozenset(self.memory.workers[wid].state.pool for wid in self.stale_workers.known
                          if wid in self.memory.workers)
-        holding = {wid: w.slots for wid, w in self.memory.workers.items() if w.slots}
-        for step in plan(workers, candidates, held, holding):
+        for step in plan(workers, candidates, held, self.memory.holders):
             self._dispatch(step)
 
     def _candidates(self) -> list[Container]:
@@ -148,9 +176,8 @@ class Placer:
         return out
 
     def _view_of(self, worker_id: str, state: WorkerState) -> WorkerState:
-        for q in self.queues.get(worker_id, ()):  # placed by an earlier pass, not reserved yet
-            state = reserve(state, q.place.decision.request, state.last_seq)
-        return state
+        q = self.queues.get(worker_id)  # placed by an earlier pass, not reserved yet
+        return q.view(state) if q is not None else state
 
     def _clear_stale(self) -> None:
         w = self.stale_workers.clear(lambda wid: self.memory.workers[wid].last_seq
@@ -168,8 +195,8 @@ class Placer:
         c = step.container
         if isinstance(step, Place):
             self.busy.add(c.key)
-            q = self.queues.setdefault(step.worker_id, deque())
-            q.append(Queued(step, self.memory.foreign.get(step.worker_id, 0)))
+            q = self.queues.setdefault(step.worker_id, WorkerQueue())
+            q.push(Queued(step, self.memory.foreign.get(step.worker_id, 0)))
             self.queued += 1
             if step.worker_id not in self.chains:
                 self.chains[step.worker_id] = self.spawn(self._chain(step.worker_id), f"reserve {step.worker_id}")
@@ -188,18 +215,17 @@ class Placer:
         """Reserve what was placed on one worker, in order, each expecting the previous one."""
         q = self.queues[worker_id]
         try:
-            while q:
-                if not await self._reserve(worker_id, q[0]):
+            while q.items:
+                if not await self._reserve(worker_id, q.items[0]):
                     break
-                q.popleft()
+                q.pop()
                 self._dequeued(1)
         finally:
             self.chains.pop(worker_id, None)
-            if q:  # a conflict (or a failure): the rest goes back to the backlog
-                for item in q:
+            if q.items:  # a conflict (or a failure): the rest goes back to the backlog
+                for item in q.items:
                     self.busy.discard(item.place.container.key)
-                self._dequeued(len(q))
-                q.clear()
+                self._dequeued(len(q.items))
                 self.wake.set()
             self.queues.pop(worker_id, None)
 

@@ -16,13 +16,15 @@ For each container:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Collection, Iterable, Mapping
 
 import msgspec
 
+from levers9.contracts.events import ContainerRequested
+
 from .decision import Decision, decide
-from .placement import WorkerState, reserve
+from .placement import WorkerState, has_room, reserve
 from .state import Container
 
 
@@ -69,22 +71,31 @@ class View:
 
 def plan(workers: Mapping[str, WorkerState], backlog: Iterable[Container],
          held_pools: frozenset[str] = frozenset(),
-         holding: Mapping[str, Collection[str]] | None = None) -> list[Step]:
+         holders: Mapping[str, Collection[str]] | None = None) -> list[Step]:
     """The steps for `backlog` (in order) on `workers` (those being refreshed left out: their pools
-    are `held_pools`); `holding`: the container ids each worker holds a slot for."""
+    are `held_pools`); `holders`: the workers that hold a slot for a container, by container id."""
     view = View(workers)
-    holding = holding or {}
+    holders = holders or {}
     steps: list[Step] = []
+    last: Decision | None = None  # the last placement, and the request it was for
+    last_shape: tuple = ()
     for c in backlog:
         request = c.request
         assert request is not None
-        held_by = [wid for wid, ids in holding.items() if c.container_id in ids]
+        held_by = holders.get(c.container_id, ())
         if held_by:
             request = msgspec.structs.replace(request, excluded_workers=sorted({*request.excluded_workers, *held_by}))
-        d = decide(request, view.states)
+        shape = _shape(request)
+        if last is not None and shape == last_shape and has_room(view.get(last.worker_id or ""), last.request):
+            # the same request as the one just placed, and its worker still has room: that worker
+            # is still the best (it only got fuller, nothing else changed), so decide() would say so
+            d = replace(last, request=replace(last.request, container_id=c.container_id))
+        else:
+            d = decide(request, view.states)
         if d.worker_id is not None:
             view.take(d)
             steps.append(Place(c, d))
+            last, last_shape = d, shape
             continue
         if held_by:  # the reason as if no slot were held: it names capacity, not a race
             d = decide(c.request, view.states)
@@ -93,3 +104,8 @@ def plan(workers: Mapping[str, WorkerState], backlog: Iterable[Container],
         else:
             steps.append(Defer(c, d.reason, append=c.status == "requested" or c.reason != d.reason))
     return steps
+
+
+def _shape(ev: ContainerRequested) -> tuple:
+    """What decide() reads of a request (all of it but the container id)."""
+    return (ev.resources, ev.pool, ev.excluded_workers, ev.checkpoint, ev.note)

@@ -33,6 +33,7 @@ from .state import Container, Release, forget_finished, lost_containers, re_requ
 
 log = logging.getLogger("levers9.scheduler")
 
+FETCH_BATCH = 1024  # at least this many events per batch (LEVERS9_FETCH_BATCH may ask for more)
 SWEEP_EVERY_S = 2.0  # the safety net: every release and re-request is also decided on events
 
 
@@ -41,7 +42,8 @@ class SchedulerService(Service):
     projections = (ContainersView(), WorkersView())
 
     def __init__(self, settings: Settings) -> None:
-        super().__init__(settings)
+        # a backlog arrives in bursts: bigger batches are fewer pulls and projection transactions
+        super().__init__(settings.with_(fetch_batch=max(settings.fetch_batch, FETCH_BATCH)))
         self.memory = Memory()
         self._placer: Placer | None = None
 
@@ -71,7 +73,8 @@ class SchedulerService(Service):
         if touched.waiting or touched.room or self.placer.stale_workers.known or self.placer.stale_containers.known:
             self.placer.wake.set()
         if touched.containers:
-            self._release(releases(self.memory.workers, self.memory.containers, touched.containers))
+            self._release(releases(self.memory.workers, self.memory.containers, touched.containers,
+                                   self.memory.holders))
             self._requeue([self.memory.containers[k] for k in touched.containers if k in self.memory.containers])
         if any(self.memory.workers[w].state.status == "lost" for w in touched.workers if w in self.memory.workers):
             self._requeue(list(self.memory.containers.values()))

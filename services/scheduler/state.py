@@ -19,7 +19,7 @@ again) are here too, pure, beside the fold.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Iterable, Mapping
+from typing import Collection, Iterable, Mapping
 
 from levers9.contracts import Message
 from levers9.contracts import events as E
@@ -211,15 +211,21 @@ class Release:
 
 
 def releases(workers: Mapping[str, Worker], containers: Mapping[ContainerKey, Container],
-             only: Iterable[ContainerKey] | None = None) -> list[Release]:
+             only: Iterable[ContainerKey] | None = None,
+             holders: Mapping[str, Collection[str]] | None = None) -> list[Release]:
     """Slots to free: their container stopped or failed, or moved on since the reservation (placed
     on another worker, or waiting again). A slot whose container we do not know stays. `only`:
-    look at the slots of these containers alone."""
+    look at the slots of these containers alone; `holders`: the workers holding a slot for each
+    container id, when the caller keeps that index (else every worker is looked at)."""
     if only is None:
         held = [(w, s) for w in workers.values() for s in w.slots.values()]
     else:
-        held = [(w, w.slots[cid]) for ws, cid in only for w in workers.values()
-                if cid in w.slots and w.slots[cid].workspace == ws]
+        held = []
+        for ws, cid in only:
+            for w in (workers[wid] for wid in holders.get(cid, ())) if holders is not None else workers.values():
+                slot = w.slots.get(cid)
+                if slot is not None and slot.workspace == ws:
+                    held.append((w, slot))
     out = []
     for w, slot in held:
         c = containers.get((slot.workspace, slot.container_id))

@@ -134,6 +134,11 @@ def test_memory_folds_in_place_exactly_like_the_pure_fold(log):
     for m, seq in log:
         memory.apply(m, seq)
     assert memory.state() == fold_all(State(), log)
+    holders: dict[str, set[str]] = {}
+    for w in memory.workers.values():
+        for cid in w.slots:
+            holders.setdefault(cid, set()).add(w.worker_id)
+    assert memory.holders == holders
     assert [c.key for c in memory.backlog()] == [c.key for c in sorted(memory.containers.values(),
                                                                          key=lambda c: c.order) if c.waiting]
 
