@@ -82,12 +82,16 @@ class ContainersView(BatchedProjection):
                  list(ev.excluded_workers), ev.deployment_version, ev.note,
                  ev.checkpoint.accelerator if ev.checkpoint else "", msgspec.json.encode(ev).decode())))
             return out
-        # one statement per event: upsert the status and whatever this event type carries
+        # one statement per event (the same text for every status event, so a run of them is one
+        # executemany): upsert the status and whatever this event type carries
+        scheduled = isinstance(ev, E.ContainerScheduled)
         out.append((
             f"""INSERT INTO {schema}.containers (workspace, container_id, status, updated_at, correlation_id, version,
-                    worker_id, address, reason, exit_code, last_seq, ready_at)
+                    worker_id, address, reason, exit_code, last_seq, ready_at, note, restored_from,
+                    checkpoint_to_restore)
                 VALUES ($1, $2, $3, $4::timestamptz, $5, 1, $6::text, $7::text, $8, $9::int, $10,
-                        CASE WHEN $6::text <> '' AND $7::text <> '' THEN $4::timestamptz END)
+                        CASE WHEN $6::text <> '' AND $7::text <> '' THEN $4::timestamptz END, $11::text, $12::text,
+                        CASE WHEN $14 THEN $13::text ELSE '' END)
                 ON CONFLICT (workspace, container_id) DO UPDATE SET status = $3, updated_at = $4,
                 version = {schema}.containers.version + 1,
                 worker_id = CASE WHEN $6 <> '' THEN $6 ELSE {schema}.containers.worker_id END,
@@ -95,18 +99,13 @@ class ContainersView(BatchedProjection):
                 reason = CASE WHEN $8 <> '' THEN $8 ELSE {schema}.containers.reason END,
                 exit_code = COALESCE($9, {schema}.containers.exit_code), last_seq = $10,
                 ready_at = CASE WHEN $6::text <> '' AND $7::text <> '' THEN $4::timestamptz
-                                ELSE {schema}.containers.ready_at END""",
+                                ELSE {schema}.containers.ready_at END,
+                note = CASE WHEN $11 <> '' THEN $11 ELSE {schema}.containers.note END,
+                restored_from = CASE WHEN $12 <> '' THEN $12 ELSE {schema}.containers.restored_from END,
+                checkpoint_to_restore = CASE WHEN $14 THEN $13 ELSE {schema}.containers.checkpoint_to_restore END""",
             (env.workspace, container_id, status, at, env.correlation_id, getattr(ev, "worker_id", ""),
-             getattr(ev, "address", ""), getattr(ev, "reason", ""), getattr(ev, "exit_code", None), seq)))
-        note = getattr(ev, "note", "")
-        if note or isinstance(ev, (E.ContainerScheduled, E.ContainerStarted)):
-            out.append((
-                f"""UPDATE {schema}.containers SET note = CASE WHEN $3 <> '' THEN $3 ELSE note END,
-                    restored_from = CASE WHEN $4 <> '' THEN $4 ELSE restored_from END,
-                    checkpoint_to_restore = CASE WHEN $6 THEN $5 ELSE checkpoint_to_restore END
-                    WHERE workspace = $1 AND container_id = $2""",
-                (env.workspace, container_id, note, getattr(ev, "restored_from", ""),
-                 getattr(ev, "checkpoint_id", ""), isinstance(ev, E.ContainerScheduled))))
+             getattr(ev, "address", ""), getattr(ev, "reason", ""), getattr(ev, "exit_code", None), seq,
+             getattr(ev, "note", ""), getattr(ev, "restored_from", ""), getattr(ev, "checkpoint_id", ""), scheduled)))
         return out
 
 
