@@ -16,7 +16,7 @@ import nats.errors
 import nats.js.errors
 from nats.aio.client import Client
 from nats.js import JetStreamContext
-from nats.js.api import Header, KeyValueConfig, PubAck, RetentionPolicy, StorageType, StreamConfig
+from nats.js.api import Header, KeyValueConfig, RetentionPolicy, StorageType, StreamConfig
 from nats.js.kv import KeyValue
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, wait_exponential
 
@@ -30,8 +30,6 @@ DUPLICATE_WINDOW_S = 120.0
 HEARTBEAT_BUCKET = "levers9_heartbeats"
 HEARTBEAT_TTL_S = 6.0  # a worker beats every 2 s; three missed beats and its key is gone
 ERR_WRONG_LAST_SEQUENCE = 10071
-PUBLISH_TIMEOUT_S = 5.0
-PUBLISH_MAX_PENDING = 4000  # publishes awaiting their ack at once (beyond: the next one waits)
 
 # Connection-level failures worth retrying with the same msg id; API errors (a conflict) are not.
 _RETRYABLE = (nats.errors.TimeoutError, nats.errors.NoRespondersError, nats.errors.ConnectionClosedError,
@@ -58,7 +56,6 @@ class Bus:
     def __init__(self, nc: Client, js: JetStreamContext) -> None:
         self.nc = nc
         self.js = js
-        self._async_js = nc.jetstream(timeout=PUBLISH_TIMEOUT_S, publish_async_max_pending=PUBLISH_MAX_PENDING)
         self.reconnects = 0  # consumers re-create their subscriptions when this moves (nats.py #504)
         self.closing = False
 
@@ -147,12 +144,12 @@ class Bus:
         payload = encode(env)
         try:
             try:  # the first try outside the retry loop: building one costs more than the publish itself
-                ack = await self._publish_once(subject, payload, headers)
+                ack = await self.js.publish(subject, payload, headers=headers, stream=subjects.STREAM)
             except _RETRYABLE:
                 async for attempt in AsyncRetrying(retry=retry_if_exception_type(_RETRYABLE), reraise=True,
                                                    stop=stop_after_delay(15), wait=wait_exponential(0.05, max=2)):
                     with attempt:
-                        ack = await self._publish_once(subject, payload, headers)
+                        ack = await self.js.publish(subject, payload, headers=headers, stream=subjects.STREAM)
         except nats.js.errors.APIError as exc:
             if exc.err_code == ERR_WRONG_LAST_SEQUENCE:
                 CONFLICTS.labels(env.type).inc()
@@ -161,11 +158,6 @@ class Bus:
             raise
         EVENTS_PUBLISHED.labels(env.type).inc()
         return Appended(seq=ack.seq, duplicate=bool(ack.duplicate))
-
-    async def _publish_once(self, subject: str, payload: bytes, headers: dict[str, str]) -> PubAck:
-        """One publish, its ack awaited (publish_async: half the client's work of a request/reply)."""
-        future = await self._async_js.publish_async(subject, payload, headers=dict(headers), stream=subjects.STREAM)
-        return await asyncio.wait_for(future, PUBLISH_TIMEOUT_S)
 
     async def last_seq(self, filter_subject: str) -> int:
         """Sequence of the last message matching a subject (wildcards allowed); 0 when none."""
