@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
-from aiobotocore.session import get_session
+from aiobotocore.session import AioSession, get_session
 
 from .config import Settings
 
@@ -14,9 +15,16 @@ def workspace_bucket(workspace: str) -> str:
     return f"levers9-{workspace}"
 
 
+@functools.cache
+def _session() -> AioSession:
+    # one session per process: a new session loads botocore's service models again each time (a
+    # health check building one per call grew the checkpoint-store by ~12 MiB before levelling off)
+    return get_session()
+
+
 def s3_client(settings: Settings) -> Any:
     """An aiobotocore S3 client context manager (`async with s3_client(s) as client:`)."""
-    return get_session().create_client(
+    return _session().create_client(
         "s3", endpoint_url=settings.s3_endpoint, aws_access_key_id=settings.s3_access_key,
         aws_secret_access_key=settings.s3_secret_key, region_name=settings.s3_region)
 
