@@ -20,7 +20,7 @@ call, and times it from the request sent to the answer received):
   cold           --calls calls of the twin (cold starts)
   restored       --calls calls of bench-restore: restores from the node cache (the blob is on disk)
   bare           --bare restores of the same checkpoint tar straight through RuncRuntime.restore()
-                 (like tests/test_checkpoint_runtime.py), until GET /_levers9/health answers 200:
+                 (like tests/integration/test_checkpoint_runtime.py), until GET /_levers9/health answers 200:
                  the runtime-level restore, without the platform around it
   restored_s3    --s3-calls calls of bench-restore with the node cache's file deleted first: the node
                  cache fills it from S3 (SeaweedFS on this machine) before the restore

@@ -17,7 +17,7 @@ RSS less shared pages: their RSS grows as they touch the shared buffer pool (up 
 
   python bench/soak.py --minutes 10 [--warmup 30] [--keep-home]
 
-tests/test_soak.py runs the same thing for a minute in CI (the consumer part only).
+tests/e2e/test_soak.py runs the same thing for a minute in CI (the consumer part only).
 """
 
 from __future__ import annotations

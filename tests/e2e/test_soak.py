@@ -18,7 +18,7 @@ import httpx
 import pytest
 from _e2e import wait_until
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "bench"))
 from soak import SoakStack, consumer_problems  # noqa: E402
 

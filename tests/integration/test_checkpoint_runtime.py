@@ -102,7 +102,7 @@ print("holding a deleted file", flush=True)
 time.sleep(3600)
 '''
 
-SDK = Path(__file__).resolve().parent.parent / "sdk"
+SDK = Path(__file__).resolve().parents[2] / "sdk"
 
 
 # ---- pure: CRIU discovery ------------------------------------------------------------------------

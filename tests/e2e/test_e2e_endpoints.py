@@ -31,7 +31,7 @@ from levers9.stack import free_port
 pytestmark = pytest.mark.slow
 
 APPS = Path(__file__).parent / "apps"
-ROOT = Path(__file__).parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 if os.geteuid() != 0 or not any(Path(p, "runc").exists() for p in os.environ.get("PATH", "").split(":")):
     pytest.skip("runc containers need root and runc (scripts/setup.sh installs runc)", allow_module_level=True)

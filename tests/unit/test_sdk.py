@@ -21,7 +21,7 @@ from levers9.app import SPEC_KEYS, ConfigError, load_app_file, parse_cpu, parse_
 from levers9.client import MAX_CODE_BYTES, Client, ClientError, code_files, package_code
 from levers9.contracts.spec import decode_spec
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
 
 
