@@ -187,6 +187,7 @@ class Tap:
 
     def start(self) -> "Tap":
         import asyncio
+
         import nats
         self.thread.start()
 
@@ -352,6 +353,7 @@ def set_async_commit(dsn: str) -> None:
     """synchronous_commit=off for the whole (temporary) server of this run: a commit returns before its
     WAL is flushed to disk. Diagnostic only: it shows how much of each hand-off is the fsync."""
     import asyncio
+
     import asyncpg
 
     async def run() -> None:

@@ -36,9 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import asyncpg  # noqa: E402
 import nats.js.errors  # noqa: E402
-
-from _common import (RESULTS, CpuMeter, log, percentiles, publish_many, servers, verdict, wait_quiet,  # noqa: E402
-                     write_results)
+from _common import RESULTS, CpuMeter, log, percentiles, publish_many, servers, verdict, wait_quiet, write_results  # noqa: E402
 
 from levers9.contracts import subjects, uuid7  # noqa: E402
 from levers9.runtime.bus import Bus  # noqa: E402

@@ -346,7 +346,7 @@ def main() -> None:
         print(f"{d['clients']:>7} | {d['rps']:>12.0f} {d['p50_ms']:>7.2f} {d['p99_ms']:>7.2f} | {g['rps']:>13.0f} "
               f"{g['p50_ms']:>7.2f} {g['p99_ms']:>7.2f} | {added:>9.2f} {share:>13.1f}% | "
               f"{g['cpu_ms_per_request'].get('gateway', 0):>13.2f}")
-    print(f"cores busy during the gateway runs (gateway / runner / wrk / everything else on the machine): " +
+    print("cores busy during the gateway runs (gateway / runner / wrk / everything else on the machine): " +
           "; ".join(f"{g['clients']} clients: {g['cpu_cores']}" for g in results["gateway"]))
     if gap:
         print(f"runner: {gap['gap_p50_ms']:.1f} ms p50 between an answer's headers and its body (one keep-alive "
