@@ -348,6 +348,11 @@ class Placer:
         self.counters.requeued += 1
         log.info("re-requested %s: %s", c.container_id, event.reason)
 
+    def forget_settled(self) -> None:
+        """Deferrals of containers that no longer wait need no memory of when they were deferred."""
+        for key in [k for k in self.deferred_at if k not in self.memory.waiting]:
+            del self.deferred_at[key]
+
     def forget_released(self) -> None:
         """Releases whose slot is gone need no memory of having been sent."""
         held = {(wid, cid, s.reserved_seq) for wid, w in self.memory.workers.items() for cid, s in w.slots.items()}

@@ -125,6 +125,7 @@ class SchedulerService(Service):
         self._requeue(list(m.containers.values()))
         m.forget(forget_finished(m.containers, m.workers.values()))
         self.placer.forget_released()
+        self.placer.forget_settled()
         self.placer.wake.set()
 
     async def health_detail(self) -> dict[str, Any]:

@@ -253,3 +253,31 @@ async def test_a_stopped_containers_slot_is_released_once_and_nothing_waits_fore
     await run_schedulers(log, 1, lambda: len(log.events("ContainerScheduled")) == 2, seed=5)
     assert len(log.events("WorkerSlotReleased")) == 1
     assert capacity_in_log_order(log) == {"default-w0": 1000}
+
+
+async def test_what_is_finished_is_forgotten_so_memory_stays_flat():
+    """Stopped containers whose slots were released, their deferrals and their releases leave the
+    scheduler's memory (the projection keeps them)."""
+    log = FakeLog(random.Random(6))
+    publish_fleet(log, 1, cpu=1000)
+    log._add(envelope(requested("c0", cpu=1000), workspace=WS))
+    log._add(envelope(requested("c1", cpu=1000), workspace=WS))
+    stopped: set[str] = set()
+
+    def stop_what_is_scheduled() -> bool:  # each container stops once placed: c0, then c1 in its stead
+        for _, ev in log.events("ContainerScheduled"):
+            if ev.container_id not in stopped:
+                stopped.add(ev.container_id)
+                log._add(envelope(E.ContainerStopped(container_id=ev.container_id, worker_id=ev.worker_id),
+                                  workspace=WS))
+        return stopped == {"c0", "c1"} and len(log.events("WorkerSlotReleased")) == 2
+
+    [svc] = await run_schedulers(log, 1, stop_what_is_scheduled, seed=6)
+    for name, aggregate in (("containers", "container"), ("workers", "worker")):  # what the feed had not brought
+        svc.take(name, [Delivery(seq, env.subject, encode(env), {}, 1, decode(encode(env)))
+                        for seq, env in log.entries if env.subject.split(".")[2] == aggregate
+                        and seq > svc.memory.seen.get(name, 0)])
+    svc.sweep()
+    assert svc.memory.containers == {} and svc.memory.waiting == {} and svc.memory.holders == {}
+    assert svc.placer.deferred_at == {} and svc.placer.releasing == {} and svc.placer.busy == set()
+    assert capacity_in_log_order(log) == {"default-w0": 0}
