@@ -125,6 +125,7 @@ class Placer:
         self.stale_containers = Stale()  # keys are "workspace/container_id"
         self.deferred_at: dict[ContainerKey, int] = {}  # memory.room when it last did not fit
         self.releasing: dict[tuple[str, str, int], float] = {}
+        self.held_since: dict[ContainerKey, float] = {}  # waiting while holding a slot, since (monotonic)
         self.queued = 0  # placements in the queues
         self.more = False  # a pass stopped at MAX_QUEUED: pass again once the queues have drained a bit
         self.appends = asyncio.Semaphore(128)  # deferrals and re-requests in flight
@@ -326,7 +327,7 @@ class Placer:
         self.counters.released += 1
 
     def request_again(self, c: Container, event: E.ContainerRequested) -> None:
-        """Request again a container whose worker was lost (the same request, one attempt more)."""
+        """Request a container again: its worker was lost, or its placement was abandoned."""
         if c.key in self.busy:
             return
         self.busy.add(c.key)

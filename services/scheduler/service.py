@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import Any, Awaitable, Callable, Iterable
 
 from levers9.runtime.config import Settings
@@ -29,12 +30,23 @@ from levers9.runtime.views import ContainersView, WorkersView
 from .memory import Memory, Touched
 from .placer import Placer
 from .recovery import load
-from .state import Container, Release, forget_finished, lost_containers, re_request, releases
+from .state import (
+    Container,
+    Release,
+    abandoned,
+    asked_again,
+    forget_finished,
+    holding_a_slot,
+    lost_containers,
+    re_request,
+    releases,
+)
 
 log = logging.getLogger("levers9.scheduler")
 
 FETCH_BATCH = 1024  # at least this many events per batch (LEVERS9_FETCH_BATCH may ask for more)
-SWEEP_EVERY_S = 2.0  # the safety net: every release and re-request is also decided on events
+SWEEP_EVERY_S = 2.0
+ABANDONED_S = 10.0  # a waiting container that holds a slot this long lost its placement midway  # the safety net: every release and re-request is also decided on events
 
 
 class SchedulerService(Service):
@@ -119,14 +131,28 @@ class SchedulerService(Service):
             self.sweep()
         self.placer.wake.set()  # the placing loop sees the stop
 
-    def sweep(self) -> None:
+    def sweep(self, now: float | None = None) -> None:
         m = self.memory
         self._release(releases(m.workers, m.containers))
         self._requeue(list(m.containers.values()))
+        self._ask_again_abandoned(time.monotonic() if now is None else now)
         m.forget(forget_finished(m.containers, m.workers.values()))
         self.placer.forget_released()
         self.placer.forget_settled()
         self.placer.wake.set()
+
+    def _ask_again_abandoned(self, now: float) -> None:
+        held = [c for c in holding_a_slot(self.memory.backlog(), self.memory.workers, self.memory.holders)
+                if c.key not in self.placer.busy]
+        since = self.placer.held_since
+        keys = {c.key for c in held}
+        for key in [k for k in since if k not in keys]:
+            del since[key]
+        for c in held:
+            since.setdefault(c.key, now)
+        for c in abandoned(held, since, now, ABANDONED_S):
+            del since[c.key]
+            self.placer.request_again(c, asked_again(c, "its placement was abandoned"))
 
     async def health_detail(self) -> dict[str, Any]:
         c = self.placer.counters if self._placer else None

@@ -21,6 +21,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Collection, Iterable, Mapping
 
+import msgspec
+
 from levers9.contracts import Message
 from levers9.contracts import events as E
 from levers9.runtime.views import CONTAINER_STATUS, WORKER_STATUS
@@ -252,11 +254,31 @@ def re_request(c: Container) -> E.ContainerRequested:
     attempt more, that worker excluded."""
     assert c.request is not None
     excluded = sorted(set(c.request.excluded_workers) | {c.worker_id})
-    return E.ContainerRequested(
-        container_id=c.container_id, deployment_id=c.request.deployment_id,
-        deployment_version=c.request.deployment_version, resources=c.request.resources, pool=c.request.pool,
-        spec=c.request.spec, checkpoint=c.request.checkpoint, reason=f"worker {c.worker_id} lost",
-        attempt=c.request.attempt + 1, excluded_workers=excluded, note=c.request.note)
+    return msgspec.structs.replace(c.request, reason=f"worker {c.worker_id} lost", attempt=c.request.attempt + 1,
+                                   excluded_workers=excluded)
+
+
+def holding_a_slot(backlog: Iterable[Container], workers: Mapping[str, Worker],
+                   holders: Mapping[str, Collection[str]]) -> list[Container]:
+    """Waiting containers that hold a slot somewhere: a placement of theirs is in flight, or was
+    abandoned (a scheduler stopped between its reservation and its ContainerScheduled)."""
+    return [c for c in backlog
+            if any(workers[w].slots[c.container_id].workspace == c.workspace for w in holders.get(c.container_id, ()))]
+
+
+def abandoned(held: Iterable[Container], since: Mapping[ContainerKey, float], now: float,
+              after_s: float) -> list[Container]:
+    """Of the containers holding a slot while they wait, those that have for `after_s` (a placement
+    in flight takes milliseconds). Asked for again with optimistic concurrency on the container, a
+    scheduler that is still placing it after all loses either way, and the slot is released as any
+    slot of a container that moved on."""
+    return [c for c in held if now - since.get(c.key, now) >= after_s]
+
+
+def asked_again(c: Container, reason: str) -> E.ContainerRequested:
+    """The same request, again (its place in the backlog is kept)."""
+    assert c.request is not None
+    return msgspec.structs.replace(c.request, reason=reason)
 
 
 def forget_finished(containers: Mapping[ContainerKey, Container],

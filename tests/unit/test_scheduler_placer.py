@@ -281,3 +281,47 @@ async def test_what_is_finished_is_forgotten_so_memory_stays_flat():
     assert svc.memory.containers == {} and svc.memory.waiting == {} and svc.memory.holders == {}
     assert svc.placer.deferred_at == {} and svc.placer.releasing == {} and svc.placer.busy == set()
     assert capacity_in_log_order(log) == {"default-w0": 0}
+
+
+def feed_all(log: FakeLog, svc: SchedulerService) -> None:
+    for name, aggregate in (("containers", "container"), ("workers", "worker")):
+        svc.take(name, [Delivery(seq, env.subject, encode(env), {}, 1, decode(encode(env)))
+                        for seq, env in log.entries if env.subject.split(".")[2] == aggregate
+                        and seq > svc.memory.seen.get(name, 0)])
+
+
+async def test_a_placement_abandoned_between_its_two_appends_is_asked_for_again_and_placed():
+    """A scheduler stopped after reserving a slot and before ContainerScheduled: the container
+    waits while holding that slot, on the only worker, which has room for it once more (so it is
+    neither placed there a second time nor deferred). After ABANDONED_S (the clock is an argument)
+    it is requested again, which releases the slot as for any container that moved on, and it is
+    placed. (Where nothing else fits, its PlacementDeferred releases the slot the same way.)"""
+    log = FakeLog(random.Random(7))
+    publish_fleet(log, 1, cpu=2000)
+    log._add(envelope(requested("c0", cpu=1000), workspace=WS))
+    log._add(envelope(E.WorkerSlotReserved(worker_id="default-w0", container_id="c0", workspace=WS,
+                                           cpu_millicores=1000, memory_mib=256), workspace=SYS))
+    svc = boot(log)
+    stop = asyncio.Event()
+    placing = asyncio.create_task(svc.placing(stop))
+    now = 1000.0
+    try:
+        for _ in range(200):
+            feed_all(log, svc)
+            svc.sweep(now)
+            await asyncio.sleep(0.002)
+            if log.events("ContainerScheduled"):
+                break
+            now += 1.0
+    finally:
+        stop.set()
+        svc.placer.wake.set()
+        await placing
+    again = log.events("ContainerRequested")
+    assert len(again) == 2 and again[1][1].reason == "its placement was abandoned" and again[1][1].attempt == 1
+    assert not log.events("PlacementDeferred")
+    assert now - 1000.0 >= 10  # not before ABANDONED_S
+    [(_, released)] = log.events("WorkerSlotReleased")
+    assert released.container_id == "c0" and released.reserved_seq == log.events("WorkerSlotReserved")[0][0]
+    assert [ev.worker_id for _, ev in log.events("ContainerScheduled")] == ["default-w0"]
+    assert capacity_in_log_order(log) == {"default-w0": 1000}
