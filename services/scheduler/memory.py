@@ -5,8 +5,9 @@ It is fed from two places: the batches its consumers deliver (before the project
 and the events this scheduler itself appended with optimistic concurrency, as soon as the append is
 acknowledged (nothing else can be between them and the aggregate's previous event, so folding them
 early is folding them in order; when the consumer delivers them again they are no-ops).
-It also keeps the backlog (containers waiting to be placed) in placement order, and per consumer the
-last sequence it saw, which is where a consumer resumes after a reconnect.
+It also keeps the backlog (containers waiting to be placed) in placement order, who holds a slot
+for each container, and per consumer the last sequence it folded: a batch delivered again (a
+retried projection commit, a consumer resuming from the projection's older position) is skipped.
 """
 
 from __future__ import annotations

@@ -39,6 +39,7 @@ log = logging.getLogger("levers9.scheduler")
 STALE_S = 1.0  # a stale aggregate is decided on again after this, even if nothing new arrived
 PASS_LIMIT = 256  # containers decided per pass; the rest in the next one, after the loop breathed
 MAX_QUEUED = 8192  # placements decided but not yet reserved
+RELEASE_AGAIN_S = 30.0  # a release not seen back by then is published again (same id: dropped if it landed)
 RELEASE_NS = uuid.UUID("5b0c3e52-4f7e-4d7c-9a57-0f3f0c0a9e11")
 
 AppendFn = Callable[[Envelope, int], Awaitable[Appended]]
@@ -97,14 +98,17 @@ class WorkerQueue:
 
 @dataclass
 class Stale:
+    """Aggregates an append to which just conflicted: not decided on until memory has seen an event
+    of theirs newer than the one we knew, or for at most STALE_S."""
+    clock: Callable[[], float] = time.monotonic
     known: dict[str, tuple[int, float]] = field(default_factory=dict)  # id -> (last seq we knew, since)
 
     def mark(self, key: str, known_seq: int) -> None:
-        self.known[key] = (known_seq, time.monotonic())
+        self.known[key] = (known_seq, self.clock())
 
     def clear(self, last_seq_of: Callable[[str], int]) -> bool:
         """Forget what moved on or waited long enough; True when something was forgotten."""
-        now = time.monotonic()
+        now = self.clock()
         gone = [k for k, (seq, since) in self.known.items() if last_seq_of(k) > seq or now - since > STALE_S]
         for k in gone:
             del self.known[k]
@@ -112,17 +116,19 @@ class Stale:
 
 
 class Placer:
-    def __init__(self, memory: Memory, append: AppendFn, publish: PublishFn) -> None:
+    def __init__(self, memory: Memory, append: AppendFn, publish: PublishFn,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.memory = memory
         self.append = append
         self.publish = publish
+        self.clock = clock
         self.wake = asyncio.Event()
         self.counters = Counters()
         self.queues: dict[str, WorkerQueue] = {}
         self.chains: dict[str, asyncio.Task[None]] = {}
         self.busy: set[ContainerKey] = set()  # a decision about it is on its way to the log
-        self.stale_workers = Stale()
-        self.stale_containers = Stale()  # keys are "workspace/container_id"
+        self.stale_workers = Stale(clock)
+        self.stale_containers = Stale(clock)  # keys are "workspace/container_id"
         self.deferred_at: dict[ContainerKey, int] = {}  # memory.room when it last did not fit
         self.releasing: dict[tuple[str, str, int], float] = {}
         self.held_since: dict[ContainerKey, float] = {}  # waiting while holding a slot, since (monotonic)
@@ -208,7 +214,7 @@ class Placer:
             else:
                 self.deferred_at[c.key] = self.memory.room
         elif isinstance(step, Hold):
-            pass  # a worker of its pool is being refreshed: the next pass decides
+            pass  # the next pass decides, on fresher state
 
     # ---- appends -------------------------------------------------------------------------------
 
@@ -309,9 +315,9 @@ class Placer:
 
     async def release(self, worker_id: str, slot: Slot, reason: str, correlation_id: str) -> None:
         key = (worker_id, slot.container_id, slot.reserved_seq)
-        if time.monotonic() - self.releasing.get(key, -1e9) < 30.0:
+        if self.clock() - self.releasing.get(key, -1e9) < RELEASE_AGAIN_S:
             return  # on its way already
-        self.releasing[key] = time.monotonic()
+        self.releasing[key] = self.clock()
         ev = E.WorkerSlotReleased(worker_id=worker_id, container_id=slot.container_id, reason=reason,
                                   reserved_seq=slot.reserved_seq)
         env = envelope(ev, workspace=SYSTEM_WORKSPACE, correlation_id=correlation_id or None,

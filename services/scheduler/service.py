@@ -4,8 +4,8 @@ It decides from memory (state.py): workers' capacity and the containers waiting 
 loaded from its projection at start (recovery.py) and kept current from every batch its consumers
 deliver, before the projection commits that batch. The projection stays the durable state it
 recovers from; it no longer sits between an event and the decision.
-1. a batch arrives (memory has consumers of its own, so it never waits for the projection to commit
-   the batch before): fold it into memory, wake the placer;
+1. a batch arrives: fold it into memory and wake the placer, then let the projection commit it
+   (the placer's appends go out while the projection writes);
 2. the placer decides the backlog oldest first (plan.py) and appends: reservations expect the
    worker's last sequence, ContainerScheduled the container's (placer.py), so two schedulers never
    overbook a worker nor schedule a container twice;
@@ -128,7 +128,10 @@ class SchedulerService(Service):
                 pass
             if stop.is_set():
                 break
-            self.sweep()
+            try:
+                self.sweep()
+            except Exception:  # noqa: BLE001 - the next sweep tries again; the loop must survive
+                log.exception("sweep failed")
         self.placer.wake.set()  # the placing loop sees the stop
 
     def sweep(self, now: float | None = None) -> None:
