@@ -4,7 +4,7 @@ Starts its own NATS and Postgres (levers9.stack, through _common.servers) and on
 (`python -m levers9 service scheduler`, as `levers9 up` starts it). Workers are only events: the
 bench publishes WorkerRegistered + WorkerReady for each; nothing starts. Two phases:
 
-  latency     10 workers (pool `lat`, 4 cores each); --latency-requests ContainerRequested, one at a
+  latency     10 workers (pool `lat`, 16 cores each); --latency-requests ContainerRequested, one at a
               time: publish one, wait for its ContainerScheduled, pause --gap ms, next. Per request:
               the time from the publish call to the bench receiving ContainerScheduled (a core NATS
               subscription), and ContainerRequested.occurred_at -> ContainerScheduled.occurred_at
@@ -260,6 +260,8 @@ async def throughput_phase(bus: Bus, sched: Scheduler, seen: Placements, args, w
     return {"requests": args.requests, "workers": len(workers), "mode": "backlog" if args.backlog else "burst",
             "publish_s": round(published_s, 3), "elapsed_s": round(elapsed, 3),
             "placements_per_s": round(rate, 1), "verdict": verdict(rate, TARGET_RATE),
+            # the rate once placing started (in --backlog mode: without the process start)
+            "first_to_last_per_s": round((len(ours) - 1) / max(1e-9, max(ours) - min(ours)), 1),
             "request_to_scheduled": percentiles(waits), "duplicates": seen.duplicates,
             "placed_per_quarter_second": timeline,
             "scheduler_cpu_cores": round(cpu / elapsed, 2) if elapsed else None,
@@ -276,7 +278,7 @@ async def run(args) -> dict:
         seen = Placements()
         await seen.start(bus)
         try:
-            lat_workers = await publish_workers(bus, "lat", 10, 4000, 16384)
+            lat_workers = await publish_workers(bus, "lat", 10, 16000, 65536)
             workers = await publish_workers(bus, "default", args.workers, 16000, 65536)
             out: dict = {}
             if not args.backlog:
