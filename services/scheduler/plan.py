@@ -82,6 +82,7 @@ def plan(workers: Mapping[str, WorkerState], backlog: Iterable[Container],
     for c in backlog:
         request = c.request
         assert request is not None
+        original = request
         held_by = holders.get(c.container_id, ())
         if held_by:
             request = msgspec.structs.replace(request, excluded_workers=sorted({*request.excluded_workers, *held_by}))
@@ -98,7 +99,7 @@ def plan(workers: Mapping[str, WorkerState], backlog: Iterable[Container],
             last, last_shape = d, shape
             continue
         if held_by:  # the reason as if no slot were held: it names capacity, not a race
-            d = decide(c.request, view.states)
+            d = decide(original, view.states)
         if d.worker_id is not None or (request.pool or "default") in held_pools:
             steps.append(Hold(c))  # it fits only where a placement of it is in flight, or on fresher state
         else:
