@@ -125,7 +125,7 @@ def verdict(value: float, target: float, higher_is_better: bool = True) -> str:
     return "MET" if ok else "MISSED"
 
 
-def _cpu_seconds(pid: int) -> float:
+def cpu_seconds(pid: int) -> float:
     """Time on CPU of all threads of a process, from the scheduler's exact accounting: the tick-based
     user/system times of /proc/PID/stat miss most of a process that runs in short bursts (a Postgres
     backend answering one small query at a time showed ~0 there)."""
@@ -175,7 +175,7 @@ class CpuMeter:
     def _sample(self, first: bool) -> None:
         for name, pids in self._procs().items():
             for pid in pids:
-                value = _cpu_seconds(pid)
+                value = cpu_seconds(pid)
                 if value <= 0:
                     continue
                 if pid not in self._first:

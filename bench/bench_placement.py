@@ -39,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import asyncpg  # noqa: E402
 import httpx  # noqa: E402
-from _common import CpuMeter, _cpu_seconds, log, percentiles, publish_many, servers, verdict, wait_quiet, write_results  # noqa: E402
+from _common import CpuMeter, cpu_seconds, log, percentiles, publish_many, servers, verdict, wait_quiet, write_results  # noqa: E402
 
 from levers9.contracts import SYSTEM_WORKSPACE, envelope, subjects  # noqa: E402
 from levers9.contracts import events as E  # noqa: E402
@@ -240,7 +240,7 @@ async def throughput_phase(bus: Bus, sched: Scheduler, seen: Placements, args, w
         await publish_many(bus, envs)
         published = {cid: t0 for cid in cids}  # a burst: all queued at once
     published_s = time.perf_counter() - t0
-    cpu0 = _cpu_seconds(sched.proc.pid) if sched.proc else 0.0
+    cpu0 = cpu_seconds(sched.proc.pid) if sched.proc else 0.0
     meter = CpuMeter(sched.home, extra_pids=[sched.proc.pid] if sched.proc else []).start()
     ok = await seen.wait_for(before + args.requests, timeout=300)
     cores = meter.stop()
@@ -249,7 +249,7 @@ async def throughput_phase(bus: Bus, sched: Scheduler, seen: Placements, args, w
     if not ok or len(ours) < args.requests:
         raise SystemExit(f"only {len(ours)} of {args.requests} scheduled within 300 s")
     elapsed = max(ours) - t0
-    cpu = _cpu_seconds(sched.proc.pid) - cpu0 if sched.proc else 0.0
+    cpu = cpu_seconds(sched.proc.pid) - cpu0 if sched.proc else 0.0
     rate = args.requests / elapsed
     waits = [(seen.at[c] - published[c]) * 1000 for c in cids]
     timeline = [0] * (int(elapsed / 0.25) + 1)  # placements per quarter second since the first publish
