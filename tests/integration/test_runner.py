@@ -209,8 +209,7 @@ def test_handler_errors_are_500_with_the_traceback(start, app_dir):
     assert answer.status_code == 500
     assert answer.json()["error"] == "ValueError: nope"
     assert 'raise ValueError("nope")' in answer.json()["traceback"]
-    time.sleep(0.1)
-    out, err = r.logs()
+    out, err = until(lambda: (lambda o, e: (o, e) if "POST / 500" in o and "ValueError: nope" in e else None)(*r.logs()))
     assert "ValueError: nope" in err and "POST / 500" in out
     assert r.health().status_code == 200  # the runner goes on
 
@@ -302,6 +301,17 @@ def timed_pair(r: Runner, seconds: float) -> tuple[float, list[int]]:
     return time.monotonic() - started, codes
 
 
+def until(fn, timeout: float = 10.0):
+    """fn's first truthy value, polled; AssertionError when none comes in time."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = fn()
+        if value:
+            return value
+        time.sleep(0.01)
+    raise AssertionError("condition not reached in time")
+
+
 @pytest.mark.parametrize("handler", ["slow", "slow_async"])
 def test_concurrency_limit_is_respected(start, app_dir, handler):
     one = start(app_dir, "testapp", handler, concurrency="1")
@@ -321,11 +331,20 @@ def test_sigterm_finishes_the_request_in_flight_then_exits_0(start, app_dir):
 
     t = threading.Thread(target=call)
     t.start()
-    time.sleep(0.3)
+    # the call is in the handler (asked on a connection of its own: the client is busy in the thread)
+    until(lambda: httpx.get(f"{r.url}/_levers9/status", timeout=2).json().get("inflight") == 1)
     r.proc.send_signal(signal.SIGTERM)
-    time.sleep(0.2)
-    with pytest.raises(httpx.ConnectError):  # no longer accepting
-        httpx.get(f"{r.url}/_levers9/health", timeout=2)
+
+    def refused() -> bool:
+        try:
+            httpx.get(f"{r.url}/_levers9/health", timeout=2)
+        except httpx.ConnectError:
+            return True
+        except httpx.TransportError:  # accepted just before the listener closed: not refusing yet
+            return False
+        return False
+
+    until(refused)  # no longer accepting
     t.join(5)
     assert result["answer"].status_code == 200 and result["answer"].json() == {"slept": 1.0}
     assert r.proc.wait(5) == 0
