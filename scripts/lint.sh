@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Lint and types, run by scripts/test.sh before the tests: ruff on the whole tree, the size limits
-# (modules <= 500 lines, functions <= 60 lines outside tests/ and bench/), and mypy on libs/, the
-# scheduler and the pool controller.
+# (modules <= 500 lines, functions <= 60 lines outside tests/ and bench/), and mypy on the whole
+# levers9 package (libs, every service, the SDK and CLI).
 #
 # mypy cannot follow setuptools' package-dir mapping (levers9.scheduler -> services/scheduler), so
 # it checks a tree of symlinks that lays the folders out under their import names.
@@ -25,4 +25,4 @@ for d in services/*/; do
   ln -s "$PWD/$d" "$tree/$name"
 done
 (cd .typecheck && MYPYPATH=. ../.venv/bin/mypy --config-file ../pyproject.toml --cache-dir ../.mypy_cache \
-  -p levers9.contracts -p levers9.runtime -p levers9.scheduler -p levers9.pool_controller)
+  -p levers9)

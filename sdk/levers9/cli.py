@@ -163,7 +163,11 @@ def down() -> None:
 
     s = settings()
     with console.status("stopping levers9") as spinner:
-        Stack(s.home_path, s).down(progress=lambda msg: (spinner.update(msg), console.print(f"  {msg}")))
+        def progress(msg: str) -> None:
+            spinner.update(msg)
+            console.print(f"  {msg}")
+
+        Stack(s.home_path, s).down(progress=progress)
     console.print("levers9 is down.")
 
 
@@ -279,7 +283,7 @@ async def _replay(nats_url: str, filt: str, correlation_id: str | None, since, u
                 count += 1
                 if json_out:
                     lines.append(m.data)
-                else:
+                elif table is not None:
                     table.add_row(str(m.metadata.sequence.stream), h.occurred_at, h.type, m.subject,
                                   h.correlation_id)
             if lines:

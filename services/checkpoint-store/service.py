@@ -46,9 +46,12 @@ class CheckpointStoreService(Service):
                              handle=self.on_event, max_deliver=3, ack_wait=300, batch=1)]
 
     async def on_event(self, d: Delivery) -> None:
+        assert d.message is not None  # the consumer dead-letters what does not decode
         env, ev = d.message.envelope, d.message.event
         if isinstance(ev, E.CheckpointDeleted):
             await self.delete_object(env.workspace, ev.checkpoint_id)
+            return
+        if not isinstance(ev, E.CheckpointDumped):
             return
         status = await self.pool.fetchval("SELECT status FROM checkpoint_store.checkpoints WHERE workspace=$1 AND "
                                           "checkpoint_id=$2", env.workspace, ev.checkpoint_id)
@@ -79,7 +82,8 @@ class CheckpointStoreService(Service):
 
     async def upload(self, location: str, bucket: str, key: str) -> tuple[int, str]:
         """Stream the node's blob into a multipart upload; each part retried with backoff."""
-        digest, size, parts = hashlib.sha256(), 0, []
+        digest, size = hashlib.sha256(), 0
+        parts: list[dict] = []
         async with self.s3() as s3, httpx.AsyncClient(timeout=120) as http:
             await self._retry(lambda: self.ensure_bucket(s3, bucket))
             upload = await self._retry(lambda: s3.create_multipart_upload(Bucket=bucket, Key=key))

@@ -93,7 +93,9 @@ async def request_container(request: Request, caller: User, gw: Gateway) -> dict
         asked = parse_container_request(await request.body())
     except InvalidRequest as exc:
         raise HTTPException(422, str(exc)) from None
-    event = E.ContainerRequested(container_id=uuid7(), resources=asked.resources, reason="api", **asked.where)
+    event = E.ContainerRequested(container_id=uuid7(), resources=asked.resources, reason="api",
+                                 pool=asked.where.get("pool", "default"),
+                                 deployment_id=asked.where.get("deployment_id", ""))
     env, appended = await gw.publish(event, caller.workspace)
     return {"container_id": event.container_id, "correlation_id": env.correlation_id,
             "event_id": env.id, "seq": appended.seq}
