@@ -45,8 +45,8 @@ from .state import (
 log = logging.getLogger("levers9.scheduler")
 
 FETCH_BATCH = 1024  # at least this many events per batch (LEVERS9_FETCH_BATCH may ask for more)
-SWEEP_EVERY_S = 2.0
-ABANDONED_S = 10.0  # a waiting container that holds a slot this long lost its placement midway  # the safety net: every release and re-request is also decided on events
+SWEEP_EVERY_S = 2.0  # the safety net: every release and re-request is also decided on events
+ABANDONED_S = 10.0  # a waiting container that holds a slot this long lost its placement midway
 
 
 class SchedulerService(Service):
