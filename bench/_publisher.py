@@ -28,12 +28,18 @@ from _common import publish_many  # noqa: E402
 
 from levers9.contracts import envelope  # noqa: E402
 from levers9.contracts import events as E  # noqa: E402
+from levers9.contracts.spec import Code, DeploymentSpec, Resources  # noqa: E402
 from levers9.runtime.bus import Bus  # noqa: E402
+
+RESOURCES = Resources(cpu_millicores=500, memory_mib=512)
+SPECS = [DeploymentSpec(name=f"d{d:03d}", code=Code(module="app", handler="handler"), resources=RESOURCES)
+         for d in range(50)]
 
 
 def make(i: int, ids: int, workspace: str):
+    """A ContainerRequested as the gateway appends it: the deployment's spec travels with it."""
     return envelope(E.ContainerRequested(container_id=f"c{i % ids:05d}", deployment_id=f"d{i % 50:03d}",
-                                         image="registry.local/app:1", cpu_millicores=500, memory_mib=512),
+                                         deployment_version=1, resources=RESOURCES, spec=SPECS[i % 50]),
                     workspace=workspace)
 
 

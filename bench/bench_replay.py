@@ -39,6 +39,9 @@ from _common import CpuMeter, log, publish_many, servers, verdict, wait_quiet, w
 
 from levers9.contracts import caused_by, decode, envelope  # noqa: E402
 from levers9.contracts import events as E  # noqa: E402
+from levers9.contracts.spec import Code, DeploymentSpec, Resources  # noqa: E402
+
+RESOURCES = Resources(cpu_millicores=500, memory_mib=512)
 from levers9.runtime.bus import Bus  # noqa: E402
 from levers9.runtime.reader import read  # noqa: E402
 
@@ -50,19 +53,22 @@ def make_log(n: int) -> list:
     """About n envelopes: whole lifecycles, interleaved across workspaces like a busy system."""
     out = []
     i = 0
+    spec = DeploymentSpec(name="app0", code=Code(module="app", handler="handler"), resources=RESOURCES)
     while len(out) < n:
         ws = WORKSPACES[i % len(WORKSPACES)]
         worker = f"worker-{i % 40:02d}"
         if i % 500 == 0:  # now and then a deployment and a worker coming up
+            spec = DeploymentSpec(name=f"app{i // 500}", code=Code(module="app", handler="handler"),
+                                  resources=RESOURCES)
             out.append(envelope(E.DeploymentCreated(deployment_id=f"d{i // 500:04d}", name=f"app{i // 500}",
-                                                    image="registry.local/app:1"), workspace=ws))
+                                                    spec=spec), workspace=ws))
             out.append(envelope(E.WorkerRegistered(worker_id=worker, cpu_millicores=16000, memory_mib=65536,
                                                    features=["runc", "criu"]), workspace=ws))
         cid = f"c{i:06d}"
-        req = envelope(E.ContainerRequested(container_id=cid, deployment_id=f"d{i // 500:04d}",
-                                            image="registry.local/app:1", cpu_millicores=500, memory_mib=512),
-                       workspace=ws)
-        sched = caused_by(req, E.ContainerScheduled(container_id=cid, worker_id=worker))
+        req = envelope(E.ContainerRequested(container_id=cid, deployment_id=f"d{i // 500:04d}", resources=RESOURCES,
+                                            spec=spec), workspace=ws)
+        sched = caused_by(req, E.ContainerScheduled(container_id=cid, worker_id=worker, resources=RESOURCES,
+                                                    spec=spec))
         started = caused_by(sched, E.ContainerStarted(container_id=cid, worker_id=worker))
         ready = caused_by(started, E.ContainerReady(container_id=cid, worker_id=worker,
                                                     address=f"http://10.90.{i % 250}.2:8000"))
