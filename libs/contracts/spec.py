@@ -111,5 +111,11 @@ def encode_spec(spec: DeploymentSpec) -> bytes:
 
 
 def spec_from_builtins(data: dict) -> DeploymentSpec:
-    """A spec from a decoded JSON object (a projection's jsonb column)."""
+    """A spec from a decoded JSON object (a projection's jsonb column). A row projected before the
+    typed spec holds the whole flat DeploymentCreated v1 body: it is upcast first, so a stack
+    upgraded in place keeps serving its deployments without a projection rebuild."""
+    if "code" not in data:
+        from .upcasting import upcast  # upcasting knows nothing of this module: no cycle
+
+        data = upcast("DeploymentCreated", 1, 2, dict(data))["spec"]
     return msgspec.convert(data, DeploymentSpec)

@@ -175,3 +175,21 @@ def test_naming_a_gpu_type_takes_at_least_one(gpu, count):
 @given(gpu=gpu_types)
 def test_a_gpu_type_alone_is_one_gpu(gpu):
     assert Resources(gpu=[gpu]).gpus == 1
+
+
+def test_a_row_projected_before_the_typed_spec_still_reads_as_a_spec():
+    from levers9.contracts.spec import spec_from_builtins
+
+    legacy = {"deployment_id": "hello-v3", "name": "hello", "version": 3, "kind": "endpoint", "module": "hello",
+              "handler": "hello", "on_start": "load", "cpu_millicores": 500, "memory_mib": 256, "gpu": [],
+              "gpu_count": 0, "image": "", "keep_warm_seconds": 30, "min_containers": 0, "max_containers": 2,
+              "concurrency": 4, "timeout_seconds": 60, "checkpoint_enabled": True, "pool": "default",
+              "env": {"A": "1"}, "secrets": ["KEY"], "code_sha256": "ab" * 32, "code_key": "code/x.tar.gz",
+              "app_name": "hello"}
+    spec = spec_from_builtins(legacy)
+    assert (spec.name, spec.code.module, spec.code.handler, spec.code.on_start) == ("hello", "hello", "hello", "load")
+    assert (spec.code.sha256, spec.code.key) == ("ab" * 32, "code/x.tar.gz")
+    assert (spec.resources.cpu_millicores, spec.resources.memory_mib) == (500, 256)
+    assert (spec.scaling.keep_warm_seconds, spec.scaling.max_containers, spec.scaling.concurrency) == (30, 2, 4)
+    assert spec.checkpoint_enabled and spec.env == {"A": "1"} and spec.secrets == ["KEY"] and spec.image is None
+    assert legacy["cpu_millicores"] == 500  # the row it was given is left as it was
