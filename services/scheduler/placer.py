@@ -296,20 +296,28 @@ class Placer:
         self.counters.placed += 1
         log.debug("placed %s on %s", c.container_id, p.worker_id)
 
-    async def _defer(self, c: Container, reason: str, room: int) -> None:
-        ev = E.PlacementDeferred(container_id=c.container_id, reason=reason)
-        env = envelope(ev, workspace=c.workspace, correlation_id=c.correlation_id)
+    async def _append_for(self, c: Container, env: Envelope, ev: E.Event) -> bool:
+        """Append an event of container `c` expecting its last sequence (one of the deferrals and
+        re-requests in flight) and fold it into memory. False on a conflict: `c` is left alone
+        until a newer event of it arrives."""
         try:
             async with self.appends:
                 ack = await self.append(env, c.last_seq)
         except ConcurrencyConflict:
             self.counters.conflicts += 1
             self.stale_containers.mark(_skey(c.key), c.last_seq)
-            self.wake.set()
-            return
+            return False
         finally:
             self.busy.discard(c.key)
         self.memory.apply(Message(env, ev, subject_of(env, ev)), ack.seq)
+        return True
+
+    async def _defer(self, c: Container, reason: str, room: int) -> None:
+        ev = E.PlacementDeferred(container_id=c.container_id, reason=reason)
+        env = envelope(ev, workspace=c.workspace, correlation_id=c.correlation_id)
+        if not await self._append_for(c, env, ev):
+            self.wake.set()
+            return
         self.deferred_at[c.key] = room
         self.counters.deferred += 1
 
@@ -342,16 +350,10 @@ class Placer:
     async def _requeue(self, c: Container, event: E.ContainerRequested) -> None:
         env = envelope(event, workspace=c.workspace, correlation_id=c.correlation_id)
         try:
-            async with self.appends:
-                ack = await self.append(env, c.last_seq)
-        except ConcurrencyConflict:
-            self.counters.conflicts += 1
-            self.stale_containers.mark(_skey(c.key), c.last_seq)
-            return
+            if not await self._append_for(c, env, event):
+                return
         finally:
-            self.busy.discard(c.key)
             self.wake.set()
-        self.memory.apply(Message(env, event, subject_of(env, event)), ack.seq)
         self.counters.requeued += 1
         log.info("re-requested %s: %s", c.container_id, event.reason)
 
