@@ -7,7 +7,8 @@ import msgspec
 from .envelope import Envelope, envelope
 from .events import EVENT_TYPES
 from .ids import uuid7
-from .spec import Code, DeploymentSpec
+from .images import build_steps
+from .spec import Code, DeploymentSpec, ImageSpec
 
 _SAMPLES = {
     "worker_id": "worker-1", "pool": "default", "address": "http://10.90.0.2:8000", "sha256": "0" * 64,
@@ -20,6 +21,14 @@ _SAMPLES = {
 def _sample(name: str, annotation: object) -> object:
     if annotation is DeploymentSpec:
         return DeploymentSpec(name="hello", app_name="hello", code=Code(module="hello", handler="hello"))
+    if annotation is ImageSpec:
+        return ImageSpec(python_packages=["humanize==4.9.0"], commands=["echo built"], env={"GREETING": "hi"})
+    if name == "steps":
+        return build_steps(ImageSpec(python_packages=["humanize==4.9.0"], commands=["echo built"]))
+    if name == "state":
+        return "running"
+    if name in ("step", "total"):
+        return 1
     if name in _SAMPLES:
         return _SAMPLES[name]
     if name.endswith("_id"):

@@ -59,10 +59,45 @@ class Code(msgspec.Struct, frozen=True, kw_only=True):
     key: str = ""
 
 
+# a pip requirement (`name`, `name==1.2`, `name[extra]>=2; python_version>"3"`) or a URL; never an
+# option (each is one argument of `pip install`, so none may start with '-')
+PythonPackage = Annotated[str, Meta(pattern=r"^[A-Za-z0-9][^\n\r\x00]*$", max_length=400)]
+AptPackage = Annotated[str, Meta(pattern=r"^[a-z0-9][a-z0-9+.-]*(=[A-Za-z0-9.+:~-]+)?$", max_length=200)]
+Command = Annotated[str, Meta(pattern=r"^[^\x00]*\S[^\x00]*$", max_length=8192)]
+# a registry reference: [host[:port]/]path[:tag][@sha256:digest]
+ImageReference = Annotated[str, Meta(pattern=r"^([a-z0-9][a-z0-9._/:@-]*)?$", max_length=256)]
+
+
 class ImageSpec(msgspec.Struct, frozen=True, kw_only=True):
-    base: Annotated[str, Meta(min_length=1, max_length=256)] = "debian:bookworm"
-    python_packages: list[Annotated[str, Meta(min_length=1)]] = []
-    commands: list[Annotated[str, Meta(min_length=1)]] = []
+    """A blueprint: the base, then apt packages, python packages, each command, the environment.
+    Its id is a content hash (levers9.contracts.images.image_id); `base_image` "" is the platform's
+    base (Debian bookworm with python3, pip and venv)."""
+    base_image: ImageReference = ""
+    apt_packages: list[AptPackage] = []
+    python_packages: list[PythonPackage] = []
+    commands: list[Command] = []
+    env: dict[EnvName, str] = {}
+
+
+class ArchiveRef(msgspec.Struct, frozen=True, kw_only=True):
+    """A built image's flattened root in S3: one content-addressed archive and its file index."""
+    bucket: str
+    key: str  # the archive: every regular file's bytes once, packed; fetched by range in chunks
+    sha256: str
+    size_bytes: int
+    index_key: str  # levers9.contracts.image_index.ImageIndex, msgpack, gzip
+    index_sha256: str
+    index_size: int = 0
+    chunk_size: int = 4 << 20
+    files: int = 0
+
+
+class ImageRef(msgspec.Struct, frozen=True, kw_only=True):
+    """A built image as a container start needs it; filled in by the gateway at deploy."""
+    image_id: str
+    reference: str = ""  # where it is in the registry (repository:tag)
+    digest: str = ""
+    archive: ArchiveRef | None = None
 
 
 class DeploymentSpec(msgspec.Struct, frozen=True, kw_only=True):
@@ -70,6 +105,7 @@ class DeploymentSpec(msgspec.Struct, frozen=True, kw_only=True):
     app_name: str = ""
     code: Code
     image: ImageSpec | None = None
+    image_ref: ImageRef | None = None  # the built image; the gateway fills it in, the SDK never sends it
     resources: Resources = Resources()
     scaling: Scaling = Scaling()
     timeout_seconds: Annotated[int, Meta(ge=1, le=86_400)] = 180

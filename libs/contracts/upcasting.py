@@ -87,3 +87,27 @@ def _deployment_created_v1(body: dict) -> dict:
         spec["image"] = json.loads(image) if isinstance(image, str) else image
     body["spec"] = spec
     return body
+
+
+@upcaster("ImageBuildRequested", 1)
+def _image_build_requested_v1(body: dict) -> dict:
+    # v1: base (a name that was never built), python_packages and commands flat
+    body.pop("base", None)
+    body["blueprint"] = {"python_packages": body.pop("python_packages", []),
+                         "commands": body.pop("commands", [])}
+    return body
+
+
+@upcaster("ImageBuildStarted", 1)
+def _image_build_started_v1(body: dict) -> dict:
+    # v1 knew only the builder; nothing was ever built from it
+    body.setdefault("builder", "")
+    body.setdefault("blueprint", {})
+    body.setdefault("steps", [])
+    return body
+
+
+@upcaster("ImageBuilt", 1)
+def _image_built_v1(body: dict) -> dict:
+    # v1: digest, location and size only; no archive
+    return body

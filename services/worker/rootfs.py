@@ -1,6 +1,6 @@
 """The base root file system of runc containers: Debian bookworm (minbase) with python3.
 
-Built once per machine with debootstrap into `<image_cache>/rootfs/bookworm-python3-sci` and shared by
+Built once per machine with debootstrap into `<image_cache>/rootfs/bookworm-python3-base` and shared by
 every worker of the machine as the read-only lower layer of each container's overlay. The build runs
 in a temporary directory next to the final one and is renamed into place, so a reader sees either
 no root or a complete one; an fcntl lock keeps two workers from building it at the same time.
@@ -21,10 +21,10 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 SUITE = "bookworm"
-# numpy and pandas (Debian's) are in the base until the image builder exists: the popular imports
-# are what checkpoints pay off on
-PACKAGES = ("python3", "python3-numpy", "python3-pandas")
-BASE_NAME = f"{SUITE}-python3-sci"
+# pip and venv so that image builds can add packages; numpy and pandas (Debian's) because the
+# popular imports are what checkpoints pay off on and one root per machine keeps set-up short
+PACKAGES = ("python3", "python3-pip", "python3-venv", "python3-numpy", "python3-pandas")
+BASE_NAME = f"{SUITE}-python3-base"
 # what containers do not need: package lists, docs, man pages, translations
 STRIP = ("var/lib/apt/lists", "var/cache/apt", "usr/share/doc", "usr/share/man", "usr/share/info",
          "usr/share/locale", "usr/share/lintian")
@@ -194,6 +194,9 @@ def _configure(root: Path) -> None:
     (root / "etc/resolv.conf").write_text("# levers9: no DNS; containers reach only their bridge subnet\n")
     (root / "etc/hosts").write_text("127.0.0.1\tlocalhost\n::1\tlocalhost\n")
     (root / "etc/hostname").write_text("levers9\n")
+    # image builds pip-install into the system Python (/usr/local): no PEP 668 refusal there
+    for marker in root.glob("usr/lib/python3*/EXTERNALLY-MANAGED"):
+        marker.unlink()
 
 
 def _remove_stale_builds(parent: Path) -> None:

@@ -10,7 +10,8 @@ from hypothesis import strategies as st
 
 from levers9.contracts import EVENT_TYPES
 from levers9.contracts import spec as S
-from levers9.contracts.spec import CheckpointRef, Code, DeploymentSpec, ImageSpec, Resources, Scaling
+from levers9.contracts.images import BuildStep, build_steps
+from levers9.contracts.spec import ArchiveRef, CheckpointRef, Code, DeploymentSpec, ImageSpec, Resources, Scaling
 
 ids = st.from_regex(r"\A[A-Za-z0-9][A-Za-z0-9_-]{0,40}\Z")
 workspaces = st.from_regex(r"\A[a-z0-9][a-z0-9-]{0,20}\Z")
@@ -41,8 +42,12 @@ def scalings(draw: st.DrawFn) -> Scaling:
 
 codes = st.builds(Code, kind=st.sampled_from(["endpoint", "asgi"]), module=identifiers, handler=identifiers,
                   on_start=st.just("") | identifiers, sha256=st.just("") | sha256s, key=text)
-images = st.builds(ImageSpec, base=st.text(min_size=1, max_size=40), python_packages=st.lists(nonempty, max_size=3),
-                   commands=st.lists(nonempty, max_size=3))
+python_packages = st.from_regex(r"\A[A-Za-z0-9][A-Za-z0-9_.=<>~\[\]-]{0,30}\Z")
+apt_packages = st.from_regex(r"\A[a-z0-9][a-z0-9+.-]{0,20}\Z")
+images = st.builds(ImageSpec, base_image=st.sampled_from(["", "localhost:5000/team/base:1", "python:3.11-slim"]),
+                   apt_packages=st.lists(apt_packages, max_size=3), python_packages=st.lists(python_packages, max_size=3),
+                   commands=st.lists(nonempty.filter(lambda c: c.strip() and "\x00" not in c), max_size=3),
+                   env=st.dictionaries(env_names, text, max_size=3))
 
 specs = st.builds(
     DeploymentSpec, name=names, app_name=st.just("") | names, code=codes, image=st.none() | images,
@@ -55,10 +60,20 @@ checkpoint_refs = st.builds(CheckpointRef, checkpoint_id=ids, accelerator=st.jus
                             location=text)
 
 
+archive_refs = st.builds(ArchiveRef, bucket=text, key=text, sha256=sha256s, size_bytes=st.integers(0, 1 << 40),
+                         index_key=text, index_sha256=sha256s, index_size=st.integers(0, 1 << 30),
+                         chunk_size=st.integers(1, 1 << 26), files=st.integers(0, 1 << 20))
+build_steps_lists = images.map(build_steps)
+
+
 def field_strategy(name: str, annotation: object) -> st.SearchStrategy[Any]:
     """Valid values for one field of an event."""
     typed = {Resources: resources, DeploymentSpec: specs, DeploymentSpec | None: st.none() | specs,
-             CheckpointRef | None: st.none() | checkpoint_refs}
+             CheckpointRef | None: st.none() | checkpoint_refs, ImageSpec: images,
+             list[BuildStep]: build_steps_lists, ArchiveRef | None: st.none() | archive_refs,
+             float: st.floats(0, 1e6, allow_nan=False)}
+    if name == "state":
+        return st.sampled_from(["cached", "running", "log", "done", "failed", "pushing"])
     for kind, strategy in typed.items():
         if annotation == kind:
             return strategy

@@ -32,7 +32,8 @@ from levers9.contracts.spec import (
 SDK_SPEC = {
     "name": "say-hello", "app_name": "demo",
     "code": {"kind": "endpoint", "module": "demo_app", "handler": "say_hello", "on_start": "load"},
-    "image": {"base": "debian:bookworm", "python_packages": ["numpy==2.1.0"], "commands": []},
+    "image": {"python_packages": ["numpy==2.1.0"], "apt_packages": ["curl"], "commands": ["echo hi"],
+              "env": {"STAGE": "prod"}},
     "resources": {"cpu_millicores": 500, "memory_mib": 512, "gpu": ["L4", "T4"], "gpu_count": 1},
     "scaling": {"keep_warm_seconds": 30, "min_containers": 1, "max_containers": 4, "concurrency": 8},
     "timeout_seconds": 60, "secrets": ["API_KEY"], "env": {"MODE": "fast"}, "checkpoint_enabled": True,
@@ -45,7 +46,8 @@ def test_the_sdks_json_decodes_to_the_values_it_names():
     assert spec == DeploymentSpec(
         name="say-hello", app_name="demo",
         code=Code(kind="endpoint", module="demo_app", handler="say_hello", on_start="load"),
-        image=ImageSpec(base="debian:bookworm", python_packages=["numpy==2.1.0"], commands=[]),
+        image=ImageSpec(python_packages=["numpy==2.1.0"], apt_packages=["curl"], commands=["echo hi"],
+                        env={"STAGE": "prod"}),
         resources=Resources(cpu_millicores=500, memory_mib=512, gpu=["L4", "T4"], gpu_count=1),
         scaling=Scaling(keep_warm_seconds=30, min_containers=1, max_containers=4, concurrency=8),
         timeout_seconds=60, secrets=["API_KEY"], env={"MODE": "fast"}, checkpoint_enabled=True, pool="gpu-pool")
@@ -121,7 +123,9 @@ def with_value(path: str, value: Any) -> dict[str, Any]:
     ("env", {"1X": "v"}, "$.env"),
     ("pool", "a b", "$.pool"),
     ("checkpoint_enabled", "yes", "$.checkpoint_enabled"),
-    ("image.base", "", "$.image.base"),
+    ("image.base_image", "Not A Reference", "$.image.base_image"),
+    ("image.python_packages", ["-r requirements.txt"], "$.image.python_packages[0]"),
+    ("image.apt_packages", ["Bad Name"], "$.image.apt_packages[0]"),
 ])
 def test_a_bad_value_is_refused_with_a_sentence_naming_the_field(path, value, named):
     with pytest.raises(InvalidSpec) as info:

@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 
 from levers9.contracts import EVENT_TYPES, ContractError, decode, uuid7
 from levers9.contracts import events as E
-from levers9.contracts.spec import CheckpointRef, Code, DeploymentSpec, Resources
+from levers9.contracts.spec import CheckpointRef, Code, DeploymentSpec, ImageSpec, Resources
 from levers9.contracts.upcasting import UPCASTERS, upcast
 
 
@@ -39,7 +39,8 @@ def test_every_old_version_has_an_upcaster():
     for name, cls in EVENT_TYPES.items():
         for version in range(1, cls.VERSION):
             assert (name, version) in UPCASTERS, f"{name} v{version} cannot be read"
-    assert {name for name, _ in UPCASTERS} == {"DeploymentCreated", "ContainerRequested", "ContainerScheduled"}
+    assert {name for name, _ in UPCASTERS} == {"DeploymentCreated", "ContainerRequested", "ContainerScheduled",
+                                               "ImageBuildRequested", "ImageBuildStarted", "ImageBuilt"}
 
 
 # ---- DeploymentCreated v1 -> v2 ------------------------------------------------------------------
@@ -155,3 +156,17 @@ def test_upcasting_never_changes_the_body_it_was_given(spec, values, ref):
 def test_a_current_body_is_left_as_it_is():
     body = {"container_id": "c1", "resources": {"cpu_millicores": 5}}
     assert upcast("ContainerRequested", 3, 3, body) == body
+
+
+# ---- images v1 -> v2 -----------------------------------------------------------------------------
+
+def test_image_events_v1_read_as_v2_with_their_values():
+    body = {"image_id": "im-1", "base": "debian:bookworm", "python_packages": ["six"], "commands": ["echo a"]}
+    event = decode(old_message("ImageBuildRequested", 1, body)).event
+    assert event == E.ImageBuildRequested(image_id="im-1", blueprint=ImageSpec(python_packages=["six"],
+                                                                               commands=["echo a"]))
+    started = decode(old_message("ImageBuildStarted", 1, {"image_id": "im-1"})).event
+    assert isinstance(started, E.ImageBuildStarted) and started.steps == [] and started.builder == ""
+    built = decode(old_message("ImageBuilt", 1, {"image_id": "im-1", "digest": "sha256:1", "location": "s3://b/k",
+                                                 "size_bytes": 7})).event
+    assert built == E.ImageBuilt(image_id="im-1", digest="sha256:1", location="s3://b/k", size_bytes=7)
