@@ -43,9 +43,10 @@ from levers9.options import (
 
 __all__ = ["App", "ConfigError", "Image", "Secret", "load_app_file", "parse_cpu", "parse_memory", "parse_gpu"]
 
-# the top-level keys of DeploymentSpec, the ones a spec may have
-SPEC_KEYS = ("name", "app_name", "code", "image", "resources", "scaling", "timeout_seconds", "secrets", "env",
-             "checkpoint_enabled", "pool")
+# the top-level keys of DeploymentSpec, the ones a spec may have (image_ref is the gateway's: the SDK
+# never sends it)
+SPEC_KEYS = ("name", "app_name", "code", "image", "image_ref", "resources", "scaling", "timeout_seconds", "secrets",
+             "env", "checkpoint_enabled", "pool")
 
 # ---- App -----------------------------------------------------------------------------------------
 
@@ -113,7 +114,8 @@ class App:
         so DeploymentSpec's defaults apply to the rest."""
         handler, name = self._names(kind, obj, name)
         if image is not None and not isinstance(image, Image):
-            raise ConfigError(f"image {image!r} is not valid: use Image(python_packages=[...]) or None")
+            raise ConfigError(f"image {image!r} is not valid: use Image(python_packages=[...]) (from levers9 import "
+                              "Image) or None")
         if checkpoint_enabled is not UNSET and not isinstance(checkpoint_enabled, bool):
             raise ConfigError(f"checkpoint_enabled {checkpoint_enabled!r} is not valid: use True or False")
         code = {"kind": kind, "module": _module_name(obj) if handler else "", "handler": handler,

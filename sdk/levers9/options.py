@@ -6,10 +6,16 @@ Standard library only (imported inside containers, see levers9.app).
 
 from __future__ import annotations
 
+import hashlib
 import inspect
+import json
 import math
+import os
 import re
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from types import MappingProxyType
 from typing import Any, Callable
 
 # app and pool names end up in URLs, subjects and labels: a DNS label
@@ -191,26 +197,161 @@ def check_name(name: Any, what: str) -> str:
 
 # ---- Image and Secret ----------------------------------------------------------------------------
 
+# ImageSpec's field rules (levers9.contracts.spec), as whole-string matches; tests/unit/test_sdk_spec.py
+# checks that whatever the SDK accepts the Struct accepts
+PYTHON_PACKAGE_RE = re.compile(r"[A-Za-z0-9][^\n\r\x00]*")
+APT_PACKAGE_RE = re.compile(r"[a-z0-9][a-z0-9+.-]*(=[A-Za-z0-9.+:~-]+)?")
+IMAGE_REFERENCE_RE = re.compile(r"[a-z0-9][a-z0-9._/:@-]*")
+IMAGE_LIMITS = {"python_packages": 400, "apt_packages": 200, "commands": 8192}
+IMAGE_EXAMPLES = {"python_packages": "'humanize==4.9.0'", "apt_packages": "'curl'",
+                  "commands": "'mkdir -p /srv/data'"}
+# the platform's base as blueprints name it, and its Python (Debian bookworm's); the image id hashes
+# the name, so it is levers9.contracts.images.PLATFORM_BASE exactly (a unit test keeps them equal)
+PLATFORM_BASE = "levers9/base:bookworm-python3-base"
+PLATFORM_PYTHON = "3.11"
+
+
+def _image_item(option: str, value: Any) -> str:
+    """One package or command, checked against the blueprint's rule for its field."""
+    fine = isinstance(value, str) and len(value) <= IMAGE_LIMITS[option] and (
+        PYTHON_PACKAGE_RE.fullmatch(value) if option == "python_packages" else
+        APT_PACKAGE_RE.fullmatch(value) if option == "apt_packages" else
+        (value.strip() and "\x00" not in value))
+    if not fine:
+        why = {"python_packages": "a pip requirement starting with a letter or digit, on one line (pip options "
+                                  "are not allowed)",
+               "apt_packages": "a Debian package name in lowercase, optionally =version",
+               "commands": "a non-empty shell command without NUL bytes"}[option]
+        raise ConfigError(f"Image {option} item {value!r} is not valid: use {why}, at most {IMAGE_LIMITS[option]} "
+                          f"characters, e.g. {IMAGE_EXAMPLES[option]}")
+    return value
+
+
+def _image_items(option: str, values: Any) -> tuple[str, ...]:
+    if isinstance(values, str) or not isinstance(values, (list, tuple)):
+        raise ConfigError(f"Image {option} {values!r} is not valid: use a list of strings, e.g. "
+                          f"{option}=[{IMAGE_EXAMPLES[option]}]")
+    return tuple(_image_item(option, v) for v in values)
+
+
+def _image_env(env: Any) -> dict[str, str]:
+    if not isinstance(env, dict):
+        raise ConfigError(f"Image env {env!r} is not valid: use a dict of strings, e.g. env={{'MODE': 'prod'}}")
+    checked = env_vars(env)
+    for key in checked:
+        if len(key) > 128:
+            raise ConfigError(f"Image env name {key[:20]!r}... is too long: at most 128 characters")
+    return checked
+
+
+def _hash(*parts: Any) -> str:
+    return hashlib.sha256(json.dumps(list(parts)).encode()).hexdigest()
+
+
 @dataclass(frozen=True)
 class Image:
-    """The container image: recorded in the spec (the image builder comes later)."""
-    python_packages: list[str] = field(default_factory=list)
-    commands: list[str] = field(default_factory=list)
-    base: str = "debian:bookworm"
+    """A blueprint: the base (the platform's Debian bookworm with python3, pip and venv unless
+    `base_image` names another), then apt packages, python packages, each command, and the
+    environment. Immutable: the helpers return a new Image.
+
+        Image(python_packages=["humanize==4.9.0"]).add_commands("mkdir -p /srv").with_env(MODE="prod")
+
+    Its `id` is the content hash the platform names the built image by; `levers9 deploy` builds it
+    (once: identical blueprints share it) before deploying."""
+    python_packages: tuple[str, ...] = ()
+    apt_packages: tuple[str, ...] = ()
+    commands: tuple[str, ...] = ()
+    env: Mapping[str, str] = field(default_factory=dict)
+    base_image: str | None = None
 
     def __post_init__(self) -> None:
-        for option in ("python_packages", "commands"):
-            value = getattr(self, option)
-            if isinstance(value, str) or not isinstance(value, (list, tuple)) or \
-                    not all(isinstance(v, str) and v.strip() for v in value):
-                raise ConfigError(f"Image {option} {value!r} is not valid: use a list of strings, e.g. "
-                                  f"{option}={['numpy==2.1.0'] if option == 'python_packages' else ['apt-get update']}")
-            object.__setattr__(self, option, list(value))
-        if not isinstance(self.base, str) or not self.base.strip():
-            raise ConfigError(f"Image base {self.base!r} is not valid: name an image, e.g. base='debian:bookworm'")
+        for option in ("python_packages", "apt_packages", "commands"):
+            object.__setattr__(self, option, _image_items(option, getattr(self, option)))
+        object.__setattr__(self, "env", MappingProxyType(_image_env(dict(self.env) if isinstance(
+            self.env, Mapping) else self.env)))
+        base = self.base_image
+        if base is not None and not (isinstance(base, str) and len(base) <= 256
+                                     and IMAGE_REFERENCE_RE.fullmatch(base)):
+            raise ConfigError(f"Image base_image {base!r} is not valid: name an image in a registry the platform "
+                              "reaches, in lowercase, e.g. base_image='localhost:5000/team/base:1', or leave it "
+                              "None for the platform's base")
+
+    def __hash__(self) -> int:
+        return hash(self.id)
+
+    # -- chaining: each returns a new Image --
+
+    def add_python_packages(self, *packages: str) -> "Image":
+        return replace(self, python_packages=self.python_packages + _image_items("python_packages", _flat(packages)))
+
+    def add_apt_packages(self, *packages: str) -> "Image":
+        return replace(self, apt_packages=self.apt_packages + _image_items("apt_packages", _flat(packages)))
+
+    def add_commands(self, *commands: str) -> "Image":
+        return replace(self, commands=self.commands + _image_items("commands", _flat(commands)))
+
+    def with_env(self, env: Mapping[str, str] | None = None, /, **variables: str) -> "Image":
+        if env is not None and not isinstance(env, Mapping):
+            raise ConfigError(f"Image.with_env({env!r}) is not valid: pass a dict or NAME='value' keywords")
+        return replace(self, env={**self.env, **dict(env or {}), **variables})
+
+    @classmethod
+    def from_requirements(cls, path: str | os.PathLike[str], **options: Any) -> "Image":
+        """An Image whose python packages are a requirements file's lines (comments and blank lines
+        skipped); pip options (-r, -e, --index-url, ...) are refused: list the packages themselves."""
+        return cls(python_packages=read_requirements(path), **options)
+
+    # -- what the platform receives --
 
     def to_dict(self) -> dict[str, Any]:
-        return {"base": self.base, "python_packages": list(self.python_packages), "commands": list(self.commands)}
+        """The blueprint as levers9.contracts.spec.ImageSpec JSON, holding only what was set."""
+        doc: dict[str, Any] = {"base_image": self.base_image or None, "apt_packages": list(self.apt_packages),
+                               "python_packages": list(self.python_packages), "commands": list(self.commands),
+                               "env": dict(self.env)}
+        return {k: v for k, v in doc.items() if v}
+
+    @property
+    def id(self) -> str:
+        """The content hash of the blueprint, computed as levers9.contracts.images.image_id does:
+        each step's hash chains the one before; the environment is hashed with the last."""
+        steps: list[tuple[str, list[str]]] = [("base", [self.base_image or PLATFORM_BASE])]
+        if self.apt_packages:
+            steps.append(("apt", list(self.apt_packages)))
+        if self.python_packages:
+            steps.append(("pip", list(self.python_packages)))
+        steps += [("run", [c]) for c in self.commands]
+        last = ""
+        for kind, args in steps:
+            last = _hash(last, kind, args)
+        return "im-" + _hash(last, [f"{k}={v}" for k, v in sorted(self.env.items())])[:24]
+
+    @property
+    def python_version(self) -> str | None:
+        """major.minor of the image's python3: known for the platform's base, None for another base."""
+        return PLATFORM_PYTHON if not self.base_image else None
+
+
+def _flat(values: tuple[Any, ...]) -> list[Any]:
+    """add_*("a", "b") and add_*(["a", "b"]) alike."""
+    return [v for item in values for v in (item if isinstance(item, (list, tuple)) else [item])]
+
+
+def read_requirements(path: str | os.PathLike[str]) -> list[str]:
+    file = Path(path).expanduser()
+    try:
+        text = file.read_text()
+    except OSError as exc:
+        raise ConfigError(f"cannot read requirements file {file}: {exc.strerror or exc}: check the path") from None
+    packages: list[str] = []
+    for number, raw in enumerate(text.replace("\\\n", "").splitlines(), 1):
+        line = raw.split(" #", 1)[0].strip()
+        if not line or line.startswith("#"):
+            continue
+        if line.startswith("-"):
+            raise ConfigError(f"{file.name} line {number}: {line!r} is a pip option, which an Image cannot take: "
+                              "list the packages themselves (for -r, add that file's packages too)")
+        packages.append(line)
+    return packages
 
 
 @dataclass(frozen=True)

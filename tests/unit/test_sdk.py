@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from levers9 import App, Image, Secret
 from levers9.app import SPEC_KEYS, ConfigError, load_app_file, parse_cpu, parse_gpu, parse_memory
 from levers9.client import MAX_CODE_BYTES, Client, ClientError, code_files, package_code
-from levers9.contracts.spec import decode_spec
+from levers9.contracts.spec import ImageSpec, decode_spec
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
@@ -165,7 +165,7 @@ def test_spec_has_exactly_the_documented_keys_and_defaults():
         "name": "handler", "app_name": "demo-1",
         "code": {"kind": "endpoint", "module": __name__, "handler": "handler", "on_start": "", "sha256": "",
                  "key": ""},
-        "image": None,
+        "image": None, "image_ref": None,
         "resources": {"cpu_millicores": 1000, "memory_mib": 1024, "gpu": [], "gpu_count": 0},
         "scaling": {"keep_warm_seconds": 60, "min_containers": 0, "max_containers": 1, "concurrency": 1},
         "timeout_seconds": 180, "secrets": [], "env": {}, "checkpoint_enabled": False, "pool": "default"}
@@ -190,14 +190,14 @@ def test_spec_with_every_option():
     assert code["kind"] == "asgi" and code["handler"] == "make_app" and code["on_start"] == "load"
     assert (res["cpu_millicores"], res["memory_mib"], res["gpu"], res["gpu_count"]) == (250, 2048,
                                                                                       ["H100", "A100"], 1)
-    assert spec["image"] == {"base": "debian:bookworm", "python_packages": ["numpy==2.1.0"],
-                             "commands": ["apt-get update"]}
+    assert spec["image"] == {"python_packages": ["numpy==2.1.0"], "commands": ["apt-get update"]}
     assert spec["secrets"] == ["API_KEY", "DB_URL"] and spec["env"] == {"MODE": "prod"}
     assert (scale["min_containers"], scale["max_containers"], scale["concurrency"], spec["timeout_seconds"],
             scale["keep_warm_seconds"], spec["checkpoint_enabled"], spec["pool"]) == (1, 3, 8, 30, 5, True,
                                                                                       "gpu-pool")
-    assert msgspec.to_builtins(decode_spec(json.dumps(spec))).items() >= {  # what the gateway receives is JSON
-        k: v for k, v in spec.items() if k != "code"}.items()
+    got = decode_spec(json.dumps(spec))  # what the gateway receives is JSON
+    assert msgspec.to_builtins(got).items() >= {k: v for k, v in spec.items() if k not in ("code", "image")}.items()
+    assert got.image == ImageSpec(python_packages=["numpy==2.1.0"], commands=["apt-get update"])
 
 
 def test_default_names_follow_the_url_rule():

@@ -59,7 +59,7 @@ def test_the_sdk_defaults_are_the_structs():
     assert options.DEFAULT_MIN_CONTAINERS == Scaling().min_containers
     assert options.DEFAULT_MAX_CONTAINERS == Scaling().max_containers
     assert options.MIN_MEMORY_MIB == S.MIN_MEMORY_MIB
-    assert Image().to_dict() == msgspec.to_builtins(ImageSpec())
+    assert Image().to_dict() == {} and msgspec.convert(Image().to_dict(), ImageSpec) == ImageSpec()
     assert SPEC_KEYS == DeploymentSpec.__struct_fields__
 
 
@@ -87,6 +87,7 @@ memories = st.one_of(
     st.integers(min_value=1, max_value=S.MAX_MEMORY_MIB // 1024).map(lambda g: f"{g}G"),
     st.sampled_from(["1Ti", "4Ti", "1.5Gi", "0.5Gi"]),
 )
+packages = st.from_regex(r"\A[A-Za-z0-9][A-Za-z0-9_.=<>~\[\]-]{0,30}\Z")
 texts = st.text(st.characters(codec="utf-8", exclude_categories=["Cs"]), min_size=1, max_size=20).filter(str.strip)
 
 
@@ -102,8 +103,8 @@ def valid_options(draw: st.DrawFn) -> dict[str, Any]:
     maybe("memory", memories)
     maybe("gpu", st.one_of(st.sampled_from(GPU_TYPES), st.lists(st.sampled_from(GPU_TYPES), min_size=1)))
     maybe("gpu_count", st.integers(min_value=1 if opts.get("gpu") else 0, max_value=S.MAX_GPUS))
-    maybe("image", st.builds(Image, python_packages=st.lists(texts, max_size=3), commands=st.lists(texts, max_size=3),
-                             base=st.sampled_from(["debian:bookworm", "python:3.12-slim"])))
+    maybe("image", st.builds(Image, python_packages=st.lists(packages, max_size=3), commands=st.lists(texts, max_size=3),
+                             base_image=st.sampled_from([None, "python:3.12-slim", "localhost:5000/team/base:1"])))
     maybe("keep_warm_seconds", st.integers(min_value=0, max_value=86_400))
     maybe("min_containers", st.integers(min_value=0, max_value=100))
     low = max(1, opts.get("min_containers", options.DEFAULT_MIN_CONTAINERS))
