@@ -6,34 +6,39 @@ import os
 
 import pytest
 
-# ---- servers: one NATS, Postgres and S3 for the whole session (levers9.stack) ------------
+# ---- servers: one NATS, Postgres, S3 and registry for the whole session (levers9.stack) ------------
 
 SERVER_ENV = {"nats_url": "LEVERS9_NATS_URL", "database_url": "LEVERS9_DATABASE_URL",
-              "s3_endpoint": "LEVERS9_S3_ENDPOINT"}
+              "s3_endpoint": "LEVERS9_S3_ENDPOINT", "registry": "LEVERS9_REGISTRY"}
 S3_KEY_ENV = {"s3_access_key": "LEVERS9_S3_ACCESS_KEY", "s3_secret_key": "LEVERS9_S3_SECRET_KEY"}
 
 
 @pytest.fixture(scope="session")
 def servers(tmp_path_factory):
-    """{"nats_url", "database_url", "s3_endpoint", "s3_access_key", "s3_secret_key"} of real servers.
+    """{"nats_url", "database_url", "s3_endpoint", "registry", "s3_access_key", "s3_secret_key"} of
+    real servers (`registry` is the OCI registry's host:port).
 
-    The servers named by LEVERS9_NATS_URL, LEVERS9_DATABASE_URL and LEVERS9_S3_ENDPOINT when all
-    three are set (CI, docker-compose); otherwise our own, started once under a temporary home and
-    stopped at the end of the session. The keys are named like the Settings fields they fill.
+    The servers named by LEVERS9_NATS_URL, LEVERS9_DATABASE_URL, LEVERS9_S3_ENDPOINT and
+    LEVERS9_REGISTRY when they are set (CI, docker-compose; when only the registry is not, one is
+    started); otherwise our own, started once under a temporary home and stopped at the end of the
+    session. The keys are named like the Settings fields they fill.
     """
     from levers9.runtime.config import Settings
 
     keys = {env: os.environ[env] for env in S3_KEY_ENV.values() if os.environ.get(env)}
-    if all(os.environ.get(env) for env in SERVER_ENV.values()):
-        settings = Settings.load(env={**keys, **{env: os.environ[env] for env in SERVER_ENV.values()}})
+    given = {env: os.environ[env] for env in SERVER_ENV.values() if os.environ.get(env)}
+    if len(given) == len(SERVER_ENV):
+        settings = Settings.load(env={**keys, **given})
         yield {name: getattr(settings, name) for name in (*SERVER_ENV, *S3_KEY_ENV)}
         return
 
     from levers9.stack import Stack
 
     home = tmp_path_factory.mktemp("levers9-home")
-    # only the S3 keys come from the environment: a stray LEVERS9_* must not change what we start
-    settings = Settings.load(env={**keys, "LEVERS9_HOME": str(home)})
+    # only the S3 keys (and the three servers, all of them) come from the environment: a stray
+    # LEVERS9_* must not change what we start
+    external = given if set(given) == set(SERVER_ENV.values()) - {"LEVERS9_REGISTRY"} else {}
+    settings = Settings.load(env={**keys, **external, "LEVERS9_HOME": str(home)})
     stack = Stack(home, settings)
     try:
         urls = stack.start_servers()

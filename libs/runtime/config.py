@@ -27,6 +27,7 @@ class Settings:
     s3_access_key: str = "levers9"
     s3_secret_key: str = "levers9-secret"
     s3_region: str = "us-east-1"
+    registry: str = ""  # the OCI registry images are pushed to, host:port (plain HTTP: loopback only)
     # the client profile
     gateway_url: str = ""
     token: str = ""

