@@ -17,6 +17,15 @@ command -v debootstrap >/dev/null || need_apt+=(debootstrap)
 command -v ip >/dev/null || need_apt+=(iproute2)
 command -v useradd >/dev/null || need_apt+=(passwd)
 command -v curl >/dev/null || need_apt+=(curl)
+# images: buildah builds them, docker-registry serves them, skopeo and umoci pull and unpack them,
+# fuse3 (and its headers, for pyfuse3) mounts them lazily on workers
+command -v buildah >/dev/null || need_apt+=(buildah)
+[ -x /usr/bin/docker-registry ] || need_apt+=(docker-registry)
+command -v skopeo >/dev/null || need_apt+=(skopeo)
+command -v umoci >/dev/null || need_apt+=(umoci)
+command -v fusermount3 >/dev/null || need_apt+=(fuse3)
+command -v pkg-config >/dev/null || need_apt+=(pkg-config)
+pkg-config --exists fuse3 2>/dev/null || need_apt+=(libfuse3-dev)
 if [ ${#need_apt[@]} -gt 0 ]; then
   if [ "$(id -u)" -ne 0 ]; then
     echo "setup: need root to install ${need_apt[*]} with apt-get (or install them yourself)" >&2
