@@ -1,10 +1,11 @@
 """The node content cache: blobs by sha256 for this node's workers and for peer workers.
 
 - GET /blobs/{sha256}: the blob. On a miss it is filled, in this order, from a peer cache given
-  as `?peer=URL`, then from S3 given as `?bucket=B&key=K`; a filled blob is stored only if its
-  sha256 matches (a tampered or truncated object is refused with 502 and the reason).
+  as `?peer=URL`, then from S3 given as `?bucket=B&key=K` (with `&offset=O&length=N`: only that byte
+  range of the object, an S3 Range request: a chunk of an image archive); a filled blob is stored
+  only if its sha256 matches (a tampered or truncated object is refused with 502 and the reason).
 - PUT /blobs/{sha256}: store a blob (its hash is checked).
-- GET /stats: size, count, hits, misses, evictions.
+- GET /stats: size, count, hits, misses, evictions, bytes filled from S3 and peers.
 Bounded by `LEVERS9_CACHE_MAX_BYTES`; least recently used blobs are evicted first (`evict`, pure).
 Blobs live in `<image_cache>/blobs`, shared by the workers of the node; the first worker of a node
 serves it on `LEVERS9_CACHE_PORT` (default 2050), the others use that one.
@@ -63,7 +64,8 @@ class NodeCache:
         self.settings = settings
         self.max_bytes = max_bytes
         self.root.mkdir(parents=True, exist_ok=True)
-        self.stats = {"hits": 0, "misses": 0, "evictions": 0, "fills_s3": 0, "fills_peer": 0, "refused": 0}
+        self.stats = {"hits": 0, "misses": 0, "evictions": 0, "fills_s3": 0, "fills_peer": 0, "refused": 0,
+                      "bytes_filled": 0}
         self.locks: dict[str, asyncio.Lock] = {}
 
     def path(self, sha: str) -> Path:
@@ -108,7 +110,10 @@ class NodeCache:
         self.make_room(0)
         return target
 
-    async def get(self, sha: str, bucket: str = "", key: str = "", peer: str = "") -> Path:
+    async def get(self, sha: str, bucket: str = "", key: str = "", peer: str = "",
+                  offset: int = 0, length: int = 0) -> Path:
+        """The blob's path, filled on a miss from the peer, then from S3 (`length` > 0: bytes
+        [offset, offset+length) of the object only)."""
         target = self.path(sha)
         if target.exists():
             self.stats["hits"] += 1
@@ -125,13 +130,15 @@ class NodeCache:
                 try:
                     path = await self.store(sha, self._from_peer(peer, sha))
                     self.stats["fills_peer"] += 1
+                    self.stats["bytes_filled"] += path.stat().st_size
                     return path
                 except (httpx.HTTPError, HashMismatch, RuntimeError) as exc:
                     errors.append(f"peer {peer}: {exc}")
             if bucket and key:
                 try:
-                    path = await self.store(sha, self._from_s3(bucket, key))
+                    path = await self.store(sha, self._from_s3(bucket, key, offset, length), length)
                     self.stats["fills_s3"] += 1
+                    self.stats["bytes_filled"] += path.stat().st_size
                     return path
                 except HashMismatch as exc:
                     errors.append(f"s3://{bucket}/{key}: {exc}")
@@ -148,9 +155,10 @@ class NodeCache:
                 async for chunk in r.aiter_bytes(1 << 20):
                     yield chunk
 
-    async def _from_s3(self, bucket: str, key: str) -> AsyncIterator[bytes]:
+    async def _from_s3(self, bucket: str, key: str, offset: int = 0, length: int = 0) -> AsyncIterator[bytes]:
+        ranged = {"Range": f"bytes={offset}-{offset + length - 1}"} if length > 0 else {}
         async with s3_client(self.settings) as c:
-            obj = await c.get_object(Bucket=bucket, Key=key)
+            obj = await c.get_object(Bucket=bucket, Key=key, **ranged)
             async with obj["Body"] as body:
                 while chunk := await body.read(1 << 20):
                     yield chunk
@@ -160,11 +168,15 @@ def cache_app(cache: NodeCache) -> FastAPI:
     app = FastAPI(title="levers9 node cache")
 
     @app.get("/blobs/{sha}")
-    async def get_blob(sha: str, bucket: str = "", key: str = "", peer: str = "", fill: bool = False):
+    async def get_blob(sha: str, bucket: str = "", key: str = "", peer: str = "", fill: bool = False,
+                       offset: int = 0, length: int = 0):
         """The blob; with fill=true only make sure it is here (a worker of this node then reads the
-        file from the shared directory instead of over HTTP)."""
+        file from the shared directory instead of over HTTP). offset/length: the blob is that byte
+        range of the S3 object (an image archive's chunk)."""
+        if offset < 0 or length < 0:
+            raise HTTPException(400, "offset and length must not be negative")
         try:
-            path = await cache.get(sha, bucket, key, peer)
+            path = await cache.get(sha, bucket, key, peer, offset, length)
         except HashMismatch as exc:
             raise HTTPException(502, f"refused: {exc}") from None
         except FileNotFoundError as exc:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
+from pathlib import Path
 
 import pytest
 import uvicorn
@@ -83,3 +84,28 @@ async def test_a_peer_fills_a_miss_before_s3(servers, tmp_path):
     finally:
         server.should_exit = True
         await task
+
+
+async def test_a_range_of_an_object_fills_a_blob_of_its_own(servers, tmp_path):
+    archive = os.urandom(50_000)
+    await put(servers, "cache-test", "archive", archive)
+    cache = NodeCache(tmp_path / "blobs", s3_settings(servers), max_bytes=10_000_000)
+    part = archive[12_345:12_345 + 20_000]
+    path = await cache.get(hashlib.sha256(part).hexdigest(), bucket="cache-test", key="archive",
+                           offset=12_345, length=20_000)
+    assert path.read_bytes() == part and cache.stats["bytes_filled"] == 20_000
+    # the wrong range for a hash is refused, nothing is kept
+    wrong = hashlib.sha256(archive[0:20_000]).hexdigest()
+    with pytest.raises(HashMismatch):
+        await cache.get(wrong, bucket="cache-test", key="archive", offset=1, length=20_000)
+    assert not (tmp_path / "blobs" / wrong).exists()
+    # over HTTP: fill=true answers where the blob lies
+    from httpx import ASGITransport, AsyncClient
+    async with AsyncClient(transport=ASGITransport(app=cache_app(cache)), base_url="http://cache") as client:
+        tail = archive[-7:]
+        r = await client.get(f"/blobs/{hashlib.sha256(tail).hexdigest()}",
+                             params={"bucket": "cache-test", "key": "archive", "offset": 49_993, "length": 7,
+                                     "fill": "true"})
+        assert r.status_code == 200 and Path(r.json()["path"]).read_bytes() == tail
+        r = await client.get(f"/blobs/{'1' * 64}", params={"bucket": "cache-test", "key": "archive", "offset": -1})
+        assert r.status_code == 400
