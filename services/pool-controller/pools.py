@@ -7,6 +7,10 @@ pool_delta states the policy in order, as beta9's scheduler does:
 3. only provision when neither fits, up to max_workers;
 4. keep min_warm workers at all times; stop workers this controller started that have been idle
    (no containers) longer than idle_timeout, down to min_warm.
+
+Besides the pools the file names there is always a pool `build` (BUILD_POOL): image builds run on its
+workers, never in the image-builder and never on a pool user containers run on (placement matches
+pool names only, and no request names `build` unless a user asks for it).
 """
 
 from __future__ import annotations
@@ -46,6 +50,10 @@ class Delta:
 
 
 ALIVE = {"provisioning", "registered", "ready"}
+BUILD_POOL = "build"
+# one warm builder, one at most: builds queue on it (one at a time) rather than each taking a machine;
+# no checkpoints there (a build is not restored)
+DEFAULT_BUILD_POOL = PoolConfig(BUILD_POOL, min_warm=1, max_workers=1, criu=False)
 
 
 def pool_delta(pool: PoolConfig, workers: list[PoolWorker], backlog: int) -> Delta:
@@ -67,8 +75,18 @@ def pool_delta(pool: PoolConfig, workers: list[PoolWorker], backlog: int) -> Del
     return Delta(stop=stop, reason=f"idle longer than {pool.idle_timeout_s:.0f} s" if stop else "")
 
 
+def with_build_pool(pools: dict[str, PoolConfig]) -> dict[str, PoolConfig]:
+    """`pools` and the build pool: the one they define, else DEFAULT_BUILD_POOL."""
+    return {**pools, BUILD_POOL: pools.get(BUILD_POOL, DEFAULT_BUILD_POOL)}
+
+
 def load_pools(path: str) -> dict[str, PoolConfig]:
-    """Pools from a TOML file (`[pools.NAME]` tables); no file: one local pool `default`."""
+    """Pools from a TOML file (`[pools.NAME]` tables), and the build pool; no file: one local pool
+    `default` (and the build pool)."""
+    return with_build_pool(_read_pools(path))
+
+
+def _read_pools(path: str) -> dict[str, PoolConfig]:
     if not path:
         return {"default": PoolConfig("default")}
     file = Path(path)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from levers9.pool_controller.pools import PoolConfig, PoolWorker, load_pools, pool_delta
+from levers9.pool_controller.pools import BUILD_POOL, PoolConfig, PoolWorker, load_pools, pool_delta
 
 STATUSES = ["provisioning", "registered", "ready", "lost", "drained"]
 
@@ -62,7 +62,19 @@ def test_pools_file(tmp_path):
         assert "bogus" in str(exc)
     else:
         raise AssertionError("unknown key accepted")
-    assert list(load_pools("")) == ["default"]
+    assert list(load_pools("")) == ["default", BUILD_POOL]
+
+
+def test_the_build_pool_is_always_there_unless_the_file_defines_it(tmp_path):
+    f = tmp_path / "pools.toml"
+    f.write_text('[pools.gpu]\ngpu_type = "A100"\n')
+    pools = load_pools(str(f))
+    assert sorted(pools) == [BUILD_POOL, "gpu"]
+    build = pools[BUILD_POOL]
+    assert (build.min_warm, build.max_workers, build.criu) == (1, 1, False)
+    f.write_text('[pools.build]\nmax_workers = 3\nmin_warm = 0\n')
+    build = load_pools(str(f))[BUILD_POOL]
+    assert (build.min_warm, build.max_workers, build.criu) == (0, 3, True)  # the file's, as written
 
 
 # ---- the heartbeat table against a real NATS (the session's servers) ------------------------------
