@@ -7,6 +7,7 @@ double apply visible: it would be one more than the number of events in the log.
 from __future__ import annotations
 
 import datetime as dt
+import json
 
 import asyncpg
 import msgspec
@@ -335,11 +336,57 @@ class CheckpointsView(Projection):
                                ev.reason, ev.deployment_id, ev.worker_id)
 
 
-BUILD_STATUS = {"ImageBuildRequested": "requested", "ImageBuildStarted": "building", "ImageBuilt": "built",
-                "ImageBuildFailed": "failed"}
+BUILD_STATUS = {"ImageBuildRequested": "requested", "ImageBuildStarted": "building", "ImagePushed": "pushed",
+                "ImageBuilt": "built", "ImageBuildFailed": "failed", "ImageDeleted": "deleted"}
+LOG_TAIL_LINES = 40  # the lines a build keeps for `levers9 images logs` and a failure's message
+BUILD_COLUMNS = ("status", "blueprint", "requested_by", "builder", "attempt", "steps", "cached_steps", "step_states",
+                 "registry", "reference", "digest", "location", "size_bytes", "archive", "reason", "failing_step",
+                 "log_tail", "requested_at", "started_at", "built_at")
+BUILD_DEFAULTS = {"requested_by": "", "builder": "", "attempt": 0, "cached_steps": 0, "registry": "", "reference": "",
+                  "digest": "", "location": "", "size_bytes": 0, "reason": "", "failing_step": -1}
+BUILD_JSON = ("blueprint", "steps", "step_states", "archive", "log_tail")
+
+
+def fold_build(row: dict, ev: E.Event, at: dt.datetime) -> dict:
+    """A build's row after one more of its events (pure: the projection reads the row, folds, writes).
+    A request after a failure or a deletion starts the row over; progress only adds to it."""
+    row = {**row, "status": BUILD_STATUS.get(type(ev).__name__, row.get("status", "requested"))}
+    if isinstance(ev, E.ImageBuildRequested):
+        return {**row, "blueprint": msgspec.to_builtins(ev.blueprint), "requested_by": ev.requested_by,
+                "builder": "", "attempt": 0, "steps": [], "cached_steps": 0, "step_states": {}, "reason": "",
+                "failing_step": -1, "log_tail": [], "requested_at": at, "started_at": None, "built_at": None}
+    if isinstance(ev, E.ImageBuildStarted):
+        states = {str(s.index): {"state": "cached" if s.index < ev.cached_steps else "waiting", "seconds": 0.0}
+                  for s in ev.steps}
+        return {**row, "builder": ev.builder, "attempt": ev.attempt, "steps": msgspec.to_builtins(ev.steps),
+                "cached_steps": ev.cached_steps, "step_states": states, "started_at": at,
+                "blueprint": msgspec.to_builtins(ev.blueprint)}
+    if isinstance(ev, E.ImageBuildProgress):
+        row["status"] = row.get("status") or "building"
+        tail = (list(row.get("log_tail") or []) + list(ev.lines))[-LOG_TAIL_LINES:]
+        states = dict(row.get("step_states") or {})
+        if ev.state != "log":
+            states[str(ev.step)] = {"state": ev.state, "seconds": ev.seconds}
+        return {**row, "log_tail": tail, "step_states": states}
+    if isinstance(ev, E.ImagePushed):
+        return {**row, "registry": ev.registry, "reference": ev.reference, "digest": ev.digest}
+    if isinstance(ev, E.ImageBuilt):
+        return {**row, "digest": ev.digest, "reference": ev.reference or row.get("reference", ""),
+                "location": ev.location, "size_bytes": ev.size_bytes, "built_at": at, "reason": "",
+                "archive": msgspec.to_builtins(ev.archive) if ev.archive else None}
+    if isinstance(ev, E.ImageBuildFailed):
+        states = dict(row.get("step_states") or {})
+        if ev.step >= 0:
+            states[str(ev.step)] = {**states.get(str(ev.step), {"seconds": 0.0}), "state": "failed"}
+        return {**row, "reason": ev.reason, "failing_step": ev.step, "step_states": states,
+                "log_tail": list(ev.log_tail)[-LOG_TAIL_LINES:] or row.get("log_tail") or []}
+    return row
 
 
 class ImageBuildsView(Projection):
+    """Image builds, one row per (workspace, image id): the blueprint, its steps and each one's state,
+    who builds it, where the result is (registry, S3 archive) or why it failed with the log's tail.
+    `last_seq` is the image subject's last stream sequence: the expected version of the next append."""
     name = "builds"
     filter_subjects = (subjects.filter_subject(aggregate="image"),)
     tables = ("builds",)
@@ -347,19 +394,30 @@ class ImageBuildsView(Projection):
     def ddl(self, schema: str) -> list[str]:
         return [f"""CREATE TABLE IF NOT EXISTS {schema}.builds (
             workspace text NOT NULL, image_id text NOT NULL, status text NOT NULL,
-            digest text NOT NULL DEFAULT '', location text NOT NULL DEFAULT '', reason text NOT NULL DEFAULT '',
-            updated_at timestamptz NOT NULL, version int NOT NULL DEFAULT 0, PRIMARY KEY (workspace, image_id))"""]
+            blueprint jsonb, requested_by text NOT NULL DEFAULT '', builder text NOT NULL DEFAULT '',
+            attempt int NOT NULL DEFAULT 0, steps jsonb, cached_steps int NOT NULL DEFAULT 0, step_states jsonb,
+            registry text NOT NULL DEFAULT '', reference text NOT NULL DEFAULT '', digest text NOT NULL DEFAULT '',
+            location text NOT NULL DEFAULT '', size_bytes bigint NOT NULL DEFAULT 0, archive jsonb,
+            reason text NOT NULL DEFAULT '', failing_step int NOT NULL DEFAULT -1, log_tail jsonb,
+            requested_at timestamptz, started_at timestamptz, built_at timestamptz,
+            updated_at timestamptz NOT NULL, version int NOT NULL DEFAULT 0, last_seq bigint NOT NULL DEFAULT 0,
+            PRIMARY KEY (workspace, image_id))""",
+                f"CREATE INDEX IF NOT EXISTS builds_status ON {schema}.builds (status)"]
 
     async def apply(self, conn: asyncpg.Connection, schema: str, msg: Message, seq: int) -> None:
-        ev, env = msg.event, msg.envelope
-        status = BUILD_STATUS.get(env.type)
-        if status is None:
-            return
+        env, ev = msg.envelope, msg.event
+        found = await conn.fetchrow(f"SELECT * FROM {schema}.builds WHERE workspace=$1 AND image_id=$2",
+                                    env.workspace, ev.aggregate_id)
+        row = {c: found[c] for c in BUILD_COLUMNS} if found else {}
+        for c in BUILD_JSON:
+            if isinstance(row.get(c), str):
+                row[c] = json.loads(row[c])
+        row = fold_build(row, ev, occurred(msg))
+        values = [json.dumps(row.get(c)) if c in BUILD_JSON else row.get(c, BUILD_DEFAULTS.get(c))
+                  for c in BUILD_COLUMNS]
         await conn.execute(
-            f"""INSERT INTO {schema}.builds (workspace, image_id, status, digest, location, reason, updated_at,
-                version) VALUES ($1,$2,$3,$4,$5,$6,$7,1) ON CONFLICT (workspace, image_id) DO UPDATE SET
-                status=$3, digest=CASE WHEN $4 <> '' THEN $4 ELSE {schema}.builds.digest END,
-                location=CASE WHEN $5 <> '' THEN $5 ELSE {schema}.builds.location END, reason=$6,
-                updated_at=$7, version={schema}.builds.version + 1""",
-            env.workspace, ev.aggregate_id, status, getattr(ev, "digest", ""), getattr(ev, "location", ""),
-            getattr(ev, "reason", ""), occurred(msg))
+            f"""INSERT INTO {schema}.builds (workspace, image_id, updated_at, version, last_seq, {', '.join(BUILD_COLUMNS)})
+                VALUES ($1, $2, $3, 1, $4, {', '.join(f'${i + 5}' for i in range(len(BUILD_COLUMNS)))})
+                ON CONFLICT (workspace, image_id) DO UPDATE SET updated_at=$3, last_seq=$4,
+                version={schema}.builds.version + 1, {', '.join(f'{c}=EXCLUDED.{c}' for c in BUILD_COLUMNS)}""",
+            env.workspace, ev.aggregate_id, occurred(msg), seq, *values)
