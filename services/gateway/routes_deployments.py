@@ -1,6 +1,7 @@
 """Deployments: deploy (a spec and a code archive), list, stop, delete.
 
-A deploy decodes the SDK's JSON into the one typed DeploymentSpec, stores the archive in the
+A deploy decodes the SDK's JSON into the one typed DeploymentSpec, names the built image its
+blueprint asks for (spec.image_ref, from the gateway's view of builds; 409 while it is not built), stores the archive in the
 workspace's bucket under its sha256, and appends DeploymentCreated for the next free version
 (optimistic concurrency: two concurrent deploys of a name never get the same version). It answers
 once the gateway's own projection has it, so a call right after the deploy finds it.
@@ -26,6 +27,7 @@ from levers9.runtime.storage import ensure_bucket, s3_client, workspace_bucket
 
 from .auth import User
 from .deps import Gateway
+from .routes_images import resolve_image
 from .state import Gateway as GatewayState
 from .state import row_json
 
@@ -84,6 +86,9 @@ async def deploy(request: Request, caller: User, gw: Gateway, spec: str = Form(.
     problem = archive_problem(data, parsed.code.module)
     if problem:
         raise HTTPException(422, problem)
+    # the built image is the gateway's to name (never the client's): 409 while it is not built
+    image_ref = await resolve_image(gw, caller.workspace, parsed.image) if parsed.image is not None else None
+    parsed = msgspec.structs.replace(parsed, image_ref=image_ref)
     sha, key = await put_code(gw, caller.workspace, data)
     return await create_deployment(gw, caller.workspace, with_code(parsed, sha, key), str(request.base_url))
 

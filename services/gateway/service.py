@@ -14,6 +14,7 @@ from . import (
     routes_checkpoints,
     routes_containers,
     routes_deployments,
+    routes_images,
     routes_internal,
     routes_invoke,
     routes_tokens,
@@ -21,7 +22,7 @@ from . import (
 )
 from .state import Gateway
 
-ROUTERS = (routes_tokens, routes_deployments, routes_containers, routes_checkpoints, routes_workers,
+ROUTERS = (routes_tokens, routes_deployments, routes_images, routes_containers, routes_checkpoints, routes_workers,
            routes_internal, routes_invoke)
 
 

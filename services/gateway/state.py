@@ -29,6 +29,7 @@ from levers9.runtime.views import (
     CheckpointsView,
     ContainersView,
     DeploymentsView,
+    ImageBuildsView,
     SecretsView,
     TokensView,
     WorkersView,
@@ -77,7 +78,8 @@ def route_update(ev: E.Event) -> RouteUpdate | None:
 
 class Gateway(Service):
     name = "gateway"
-    projections = (TokensView(), DeploymentsView(), ContainersView(), WorkersView(), SecretsView(), CheckpointsView())
+    projections = (TokensView(), DeploymentsView(), ContainersView(), WorkersView(), SecretsView(), CheckpointsView(),
+                   ImageBuildsView())
     http: httpx.AsyncClient  # set by on_start
     session: aiohttp.ClientSession  # set by on_start
 
