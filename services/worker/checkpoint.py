@@ -2,7 +2,8 @@
 
 Layout of the tar (uncompressed; members in this order):
     manifest.json   format version, the dumped container's id and the spec fields a restore needs
-                    (env, cpu, memory, command, port), its hostname, the base root it ran on
+                    (env, cpu, memory, command, port), its hostname, the root it ran on (`base`:
+                    the image id, or the platform base's identity; `image_id`: "" for the base)
     images/…        CRIU's image directory (runc's descriptors.json included)
     upper/…         the overlay's upper (writable) layer, as it was at the moment of the dump
 
@@ -108,11 +109,13 @@ def _read_ends(path: Path, head: int = 1 << 20, tail: int = 4 << 20) -> str:
 
 def make_manifest(*, container_id: str, hostname: str, ip: str, env: dict[str, str],
                   cpu_millicores: int, memory_mib: int, command: list[str] | tuple[str, ...],
-                  port: int, base: str, criu_version: str, created_at: float) -> dict:
+                  port: int, base: str, criu_version: str, created_at: float, image_id: str = "") -> dict:
+    """`base`: what the root was (the image id, or the platform base's package-list sha256);
+    `image_id`: the image a restore must mount ("" the platform base)."""
     return {"format": FORMAT_VERSION, "container_id": container_id, "hostname": hostname, "ip": ip,
             "env": dict(env), "cpu_millicores": cpu_millicores, "memory_mib": memory_mib,
-            "command": list(command), "port": port, "base": base, "criu_version": criu_version,
-            "created_at": created_at}
+            "command": list(command), "port": port, "base": base, "image_id": image_id,
+            "criu_version": criu_version, "created_at": created_at}
 
 
 def check_manifest(manifest: object) -> dict:

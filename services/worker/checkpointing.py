@@ -151,7 +151,8 @@ class Checkpoints:
         await w.emit(c, E.CheckpointDumped(
             checkpoint_id=claim, deployment_id=c.deployment_id, deployment_version=c.deployment_version,
             container_id=c.container_id, worker_id=w.worker_id, accelerator="", runtime=w.runtime.name,
-            size_bytes=dumped.size_bytes, sha256=dumped.sha256, location=f"{w.cache_url}/blobs/{dumped.sha256}"))
+            size_bytes=dumped.size_bytes, sha256=dumped.sha256, location=f"{w.cache_url}/blobs/{dumped.sha256}",
+            image_id=dumped.manifest.get("image_id", "")))
         log.info("checkpoint %s of %s: %d bytes in %.2f s", claim, c.container_id, dumped.size_bytes, dumped.seconds)
 
     async def claim(self, c: Running, manual: bool) -> str | None:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from levers9.contracts.spec import ImageRef
 from levers9.runtime.config import Settings
 
 if TYPE_CHECKING:
@@ -36,6 +37,7 @@ class ContainerSpec:
     memory_mib: int
     command: tuple[str, ...] = DEFAULT_COMMAND
     port: int = 8000  # where the process listens inside the container
+    image: ImageRef | None = None  # its root's read-only layer (levers9.worker.images); None: the platform base
 
     def __post_init__(self) -> None:
         if not CONTAINER_ID.match(self.container_id):

@@ -92,11 +92,13 @@ class RuncCheckpoints(RuncLifecycle):
             began = time.monotonic()
             try:
                 dump_s, paused_s = await self._dump_paused(cid, cdir, scratch, criu)
+                image = self.image_of(cid)
                 manifest = ckpt.make_manifest(
                     container_id=cid, hostname=hostname, ip=rec.ip, env=spec["env"],
                     cpu_millicores=spec["cpu_millicores"], memory_mib=spec["memory_mib"],
-                    command=spec["command"], port=spec["port"], base=await self._base_identity(),
-                    criu_version=criu.version, created_at=time.time())
+                    command=spec["command"], port=spec["port"],
+                    base=image.image_id if image else await self._base_identity(),
+                    image_id=image.image_id if image else "", criu_version=criu.version, created_at=time.time())
                 size, sha = await asyncio.to_thread(ckpt.write_tar, Path(out_tar), manifest,
                                                     scratch / ckpt.IMAGES, scratch / ckpt.UPPER)
             finally:
@@ -176,10 +178,7 @@ class RuncCheckpoints(RuncLifecycle):
                             criu: CriuInfo) -> None:
         cid = rec.container_id
         template, manifest = await self._unpacked(tar)
-        if manifest["base"] != await self._base_identity():
-            raise ckpt.RestoreError(
-                "the checkpoint was made on a different base root file system (its python and "
-                "libraries would not match the dumped memory)")
+        await self._check_root(manifest, spec)
         rec.port = manifest["port"]
         names = self.names(cid)
         rec.ip = self.ipam.claim(cid, self.state_dir, names.netns)
@@ -188,11 +187,11 @@ class RuncCheckpoints(RuncLifecycle):
         await _run_checked(["cp", "-a", str(template / ckpt.UPPER), str(cdir / "upper")])
         # /etc/hosts names the new address; the host name stays (the UTS namespace is restored)
         write_upper(cdir / "upper", {"/etc/hosts": hosts_file(rec.ip, manifest["hostname"])})
-        await self._overlay_and_network(rec, cdir)
+        await self._overlay_and_network(rec, cdir, spec.image)
         restored = ContainerSpec(container_id=cid, code_dir=spec.code_dir, sdk_dir=spec.sdk_dir,
                                  env=manifest["env"], cpu_millicores=spec.cpu_millicores,
                                  memory_mib=spec.memory_mib, command=tuple(manifest["command"]),
-                                 port=manifest["port"])
+                                 port=manifest["port"], image=spec.image)
         (cdir / SPEC_FILE).write_text(json.dumps(spec_record(restored)))
         # mntns-compat-mode for this restore only: CRIU refuses it on a later dump of this one
         (cdir / CRIU_CONF).write_text(ckpt.restore_config())
@@ -203,6 +202,20 @@ class RuncCheckpoints(RuncLifecycle):
         rec.pid = int((cdir / "init.pid").read_text())
         rec.started = start_time(rec.pid)
         self._save(rec)
+
+    async def _check_root(self, manifest: dict, spec: ContainerSpec) -> None:
+        """The dumped memory maps the files of the root it ran on: a restore needs that very root
+        (the same image, or the same platform base)."""
+        dumped_on = manifest.get("image_id") or ""
+        runs_on = spec.image.image_id if spec.image else ""
+        if dumped_on != runs_on:
+            raise ckpt.RestoreError(
+                f"the checkpoint was made on {_root_words(dumped_on)}; this container runs {_root_words(runs_on)} "
+                "(its python and libraries would not match the dumped memory)")
+        if manifest["base"] != (runs_on or await self._base_identity()):
+            raise ckpt.RestoreError(
+                "the checkpoint was made on a different base root file system (its python and "
+                "libraries would not match the dumped memory)")
 
     async def _unpacked(self, tar: Path) -> tuple[Path, dict]:
         """The checkpoint unpacked once per worker and kept (`<state>/unpacked/<tar name>`): the
@@ -266,6 +279,10 @@ class RuncCheckpoints(RuncLifecycle):
             assert self._base is not None
             self._base_id = await asyncio.to_thread(ckpt.file_sha256, self._base / "var/lib/dpkg/status")
         return self._base_id
+
+
+def _root_words(image_id: str) -> str:
+    return f"image {image_id}" if image_id else "the platform base"
 
 
 def restore_bundle(restored: ContainerSpec, cdir: Path, netns: Path, manifest: dict) -> dict[str, Any]:

@@ -3,29 +3,42 @@ RuncRuntime, levers9.worker.runc; checkpoint and restore are the second, levers9
 
 Out of memory: the cgroup v1 memory controller's `oom_kill` counter (or v2 `memory.events`) is read
 before the cgroup is deleted; memory+swap are limited alike so the limit is real.
+
+The overlay's lower layer is the platform base, or the container's image (levers9.worker.images: a
+lazy FUSE mount or an unpacked copy, held while the container lives). An image whose FUSE server
+died ends its containers: poll() kills them and says so.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import shutil
 import time
 from dataclasses import asdict
 from pathlib import Path
 
+import msgspec
+
+from levers9.contracts.spec import ImageRef
 from levers9.runtime.config import Settings
 
 from . import cgroups, network, rootfs
 from . import checkpoint as ckpt
 from .bundle import EXIT_FILE, LOG_FILE, bundle_spec, cgroups_path, spec_record, upper_files, write_upper
 from .container import ContainerError, ContainerSpec, Exit, Progress, Runtime, Started, exit_of, proc_state, start_time
+from .images import ImageMounts
 from .mounts import detach, mount_overlay, mount_points, mounts_under, unmount
 from .runc_cli import Record, RuncCli
 
+log = logging.getLogger("levers9.worker.runc")
 CRIU_CONF = "criu.conf"  # in the container dir: CRIU's options for this container (runc reads it)
 SPEC_FILE = "spec.json"  # in the container dir: the spec fields a checkpoint's manifest keeps
+IMAGE_FILE = "image.json"  # in the container dir: the ImageRef of its root (absent: the platform base)
+# where bundle_spec binds the app, the SDK and the log: an image from another base may lack them
+MOUNT_POINTS = ("app", "opt/levers9", "var/log/levers9")
 
 
 class RuncLifecycle(Runtime):
@@ -43,6 +56,8 @@ class RuncLifecycle(Runtime):
         self._ended: dict[str, Exit] = {}  # stopped (torn down)
         self._exited: dict[str, Exit] = {}  # seen ended by poll(), not stopped yet
         self._locks: dict[str, asyncio.Lock] = {}
+        self.images = ImageMounts(settings, Path(settings.image_cache) / "blobs",
+                                  f"http://{settings.http_host}:{settings.cache_port}")
 
     @property
     def enforces_memory_limit(self) -> bool:
@@ -92,13 +107,31 @@ class RuncLifecycle(Runtime):
         self._exited.pop(cid, None)
         return cdir
 
-    async def _overlay_and_network(self, rec: Record, cdir: Path) -> None:
-        """The overlay root over the base (its upper layer written already) and the container's
-        network namespace on the bridge at `rec.ip`."""
+    async def _lower(self, cid: str, cdir: Path, image: ImageRef | None) -> Path:
+        """The overlay's read-only layer: the container's image (held until its teardown), or the base."""
         assert self._base is not None
+        if image is None:
+            return self._base
+        (cdir / IMAGE_FILE).write_bytes(msgspec.json.encode(image))
+        lower = await self.images.acquire(image, cid)
+        for sub in MOUNT_POINTS:
+            (cdir / "upper" / sub).mkdir(parents=True, exist_ok=True)
+        return lower
+
+    def image_of(self, cid: str) -> ImageRef | None:
+        """The image a container's root is (None: the platform base)."""
+        try:
+            return msgspec.json.decode((self.container_dir(cid) / IMAGE_FILE).read_bytes(), type=ImageRef)
+        except (OSError, msgspec.DecodeError, msgspec.ValidationError):
+            return None
+
+    async def _overlay_and_network(self, rec: Record, cdir: Path, image: ImageRef | None = None) -> None:
+        """The overlay root over the base or the image (its upper layer written already) and the
+        container's network namespace on the bridge at `rec.ip`."""
         for sub in ("work", "rootfs"):
             (cdir / sub).mkdir()
-        mount_overlay(self._base, cdir / "upper", cdir / "work", cdir / "rootfs")
+        lower = await self._lower(rec.container_id, cdir, image)
+        mount_overlay(lower, cdir / "upper", cdir / "work", cdir / "rootfs")
         await network.attach(self.names(rec.container_id), self.settings.bridge_name,
                              self.settings.bridge_subnet, rec.ip)
         await self._forget_neighbor(rec.ip)
@@ -112,7 +145,7 @@ class RuncLifecycle(Runtime):
             rec.ip = self.ipam.claim(cid, self.state_dir, names.netns)
             self._save(rec)
             write_upper(cdir / "upper", upper_files(spec, rec.ip))
-            await self._overlay_and_network(rec, cdir)
+            await self._overlay_and_network(rec, cdir, spec.image)
             # CRIU's options for a later dump of this container (not the machine-wide runc.conf),
             # and what a checkpoint's manifest needs of the spec
             (cdir / CRIU_CONF).write_text(ckpt.dump_config())
@@ -140,6 +173,11 @@ class RuncLifecycle(Runtime):
         if rec is None:
             raise KeyError(container_id)
         if container_id in self._exited:  # ended, not stopped yet: no more runc calls
+            return self._exited[container_id]
+        lost = self.images.lost(container_id)
+        if lost is not None:  # its root is gone: whatever it does now fails; end it, say why
+            await self.cli.cmd("kill", "--all", container_id, "KILL")
+            self._exited[container_id] = Exit(None, lost)
             return self._exited[container_id]
         if await self._is_running(rec):
             return None
@@ -210,6 +248,7 @@ class RuncLifecycle(Runtime):
         if rc != 0 and "does not exist" not in err and "not exist" not in err:
             raise ContainerError(f"runc delete {cid}: {err.strip()}")
         unmount(cdir / "rootfs")
+        await self.images.release(cid)
         await network.detach(self.names(cid))
         self.ipam.release_owned(cid, self.state_dir)
         if keep_log:
@@ -234,6 +273,9 @@ class RuncLifecycle(Runtime):
         found -= set(self._live)
         for cid in sorted(found):
             await self._remove_leftover(cid)
+        unmounted = await self.images.sweep()
+        if unmounted:
+            log.info("unmounted images nobody holds: %s", unmounted)
         return sorted(found)
 
     async def _remove_leftover(self, cid: str) -> None:

@@ -1,0 +1,271 @@
+"""The lazy image file system: a read-only FUSE server of one image archive, one process per mounted
+image per node (started and watched by levers9.worker.images).
+
+    python -m levers9.worker.lazyfs --index FILE --mount DIR --cache-url URL --bucket B --key K \
+        --blob-dir DIR
+
+Every name, mode, owner, link and size comes from the index (levers9.contracts.image_index), held
+in memory; a file's bytes come from the archive in S3 one chunk at a time, through the node content
+cache: a read makes sure each chunk it touches is in the cache (`GET /blobs/<chunk sha256>?bucket&
+key&offset&length&fill=true`: the cache fills it with a range request and checks its hash) and then
+reads the chunk's file from the blob directory the workers of the node share. So only the chunks a
+container reads are fetched, each once per node. A chunk that cannot be had is EIO for the read
+(the reason goes to the log, this process's stderr).
+
+It prints `mounted <dir>` on stdout once the mount exists, and unmounts on SIGTERM (or when
+unmounted from outside). Inode N is entry N-1 of the index (the root, entry 0, is FUSE's inode 1).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import errno
+import logging
+import os
+import signal
+import stat
+import sys
+from collections import OrderedDict
+from pathlib import Path
+
+import httpx
+import pyfuse3
+import pyfuse3.asyncio
+
+from levers9.contracts.image_index import FileEntry, ImageIndex, chunk_bounds, chunk_span, decode_index
+
+log = logging.getLogger("levers9.lazyfs")
+
+OPEN_CHUNKS = 64  # chunk files kept open (the least recently used is closed first)
+TIMEOUT = 3600.0  # seconds the kernel may cache names and attributes: an image never changes
+FILL_TIMEOUT_S = 120.0
+TYPES = {"d": stat.S_IFDIR, "f": stat.S_IFREG, "l": stat.S_IFLNK, "c": stat.S_IFCHR, "b": stat.S_IFBLK,
+         "p": stat.S_IFIFO, "s": stat.S_IFSOCK}
+
+
+class ChunkError(Exception):
+    """A chunk could not be had (the message says why)."""
+
+
+class Chunks:
+    """The archive's chunks, each filled into the node cache once, read from the shared blob dir."""
+
+    def __init__(self, index: ImageIndex, cache_url: str, bucket: str, key: str, blob_dir: Path,
+                 open_max: int = OPEN_CHUNKS) -> None:
+        self.index = index
+        self.cache_url = cache_url.rstrip("/")
+        self.bucket, self.key = bucket, key
+        self.blob_dir = Path(blob_dir)
+        self.open_max = open_max
+        self.fds: OrderedDict[int, int] = OrderedDict()
+        self.locks: dict[int, asyncio.Lock] = {}
+        self.client = httpx.AsyncClient(timeout=FILL_TIMEOUT_S)
+        self.filled = 0  # chunks this process asked the cache to fill
+
+    async def read(self, offset: int, length: int) -> bytes:
+        """Bytes [offset, offset+length) of the archive."""
+        size = self.index.chunk_size
+        parts = []
+        for n in chunk_span(offset, length, size):
+            start = max(offset, n * size)
+            end = min(offset + length, (n + 1) * size)
+            fd = await self.fd(n)
+            # no await between getting the fd and reading it: no other read can close it meanwhile
+            data = os.pread(fd, end - start, start - n * size)
+            if len(data) != end - start:
+                raise ChunkError(f"chunk {n} is short: {len(data)} of {end - start} bytes at {start - n * size}")
+            parts.append(data)
+        return b"".join(parts)
+
+    async def fd(self, n: int) -> int:
+        if n in self.fds:
+            self.fds.move_to_end(n)
+            return self.fds[n]
+        async with self.locks.setdefault(n, asyncio.Lock()):  # one fill per chunk at a time
+            if n not in self.fds:
+                self._keep(n, await self._open(n))
+        self.fds.move_to_end(n)
+        return self.fds[n]
+
+    def _keep(self, n: int, fd: int) -> None:
+        self.fds[n] = fd
+        while len(self.fds) > self.open_max:
+            _, old = self.fds.popitem(last=False)
+            os.close(old)
+
+    async def _open(self, n: int) -> int:
+        sha = self.index.chunks[n]
+        try:
+            return os.open(self.blob_dir / sha, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            pass
+        offset, length = chunk_bounds(n, self.index.chunk_size, self.index.archive_size)
+        params = {"bucket": self.bucket, "key": self.key, "offset": str(offset), "length": str(length),
+                  "fill": "true"}
+        try:
+            r = await self.client.get(f"{self.cache_url}/blobs/{sha}", params=params)
+        except httpx.HTTPError as exc:
+            raise ChunkError(f"chunk {n}: the node cache at {self.cache_url} did not answer: "
+                             f"{type(exc).__name__}: {exc}") from None
+        if r.status_code != 200:
+            raise ChunkError(f"chunk {n}: the node cache answered {r.status_code}: {r.text[:300]}")
+        self.filled += 1
+        try:  # the path the cache answered (evicted meanwhile: gone, the read fails and is retried)
+            return os.open(r.json()["path"], os.O_RDONLY | os.O_CLOEXEC)
+        except (OSError, ValueError, KeyError) as exc:
+            raise ChunkError(f"chunk {n}: filled, but its file cannot be opened: {exc}") from None
+
+    async def close(self) -> None:
+        for fd in self.fds.values():
+            os.close(fd)
+        self.fds.clear()
+        await self.client.aclose()
+
+
+class ImageFs(pyfuse3.Operations):
+    """The index as a read-only tree; file bytes from `chunks`."""
+
+    def __init__(self, index: ImageIndex, chunks: Chunks) -> None:
+        super().__init__()
+        if not index.files or index.files[0].path != "" or index.files[0].kind != "d":
+            raise ValueError("the image index does not start with its root directory")
+        self.files = index.files
+        self.chunks = chunks
+        self.children: dict[int, dict[bytes, int]] = {}
+        self.parent: dict[int, int] = {pyfuse3.ROOT_INODE: pyfuse3.ROOT_INODE}
+        by_path = {"": pyfuse3.ROOT_INODE}
+        for ino, entry in enumerate(self.files[1:], start=2):
+            parent_path, _, name = entry.path.rpartition("/")
+            parent = by_path.get(parent_path)
+            if parent is None or self.files[parent - 1].kind != "d":
+                raise ValueError(f"{entry.path!r}: its parent is not a directory of the image")
+            self.children.setdefault(parent, {})[os.fsencode(name)] = ino
+            self.parent[ino] = parent
+            if entry.kind == "d":
+                by_path[entry.path] = ino
+        self.subdirs = {ino: sum(1 for c in kids.values() if self.files[c - 1].kind == "d")
+                        for ino, kids in self.children.items()}
+
+    def entry(self, ino: int) -> FileEntry:
+        if not 1 <= ino <= len(self.files):
+            raise pyfuse3.FUSEError(errno.ENOENT)
+        return self.files[ino - 1]
+
+    def attrs(self, ino: int) -> pyfuse3.EntryAttributes:
+        f = self.entry(ino)
+        a = pyfuse3.EntryAttributes()
+        a.st_ino = ino
+        a.st_mode = TYPES[f.kind] | f.mode
+        a.st_nlink = 2 + self.subdirs.get(ino, 0) if f.kind == "d" else 1
+        a.st_uid, a.st_gid, a.st_rdev = f.uid, f.gid, f.rdev
+        a.st_size = f.size if f.kind in ("f", "l") else (4096 if f.kind == "d" else 0)
+        a.st_blocks = (a.st_size + 511) // 512
+        a.st_atime_ns = a.st_mtime_ns = a.st_ctime_ns = f.mtime_ns
+        a.entry_timeout = a.attr_timeout = TIMEOUT
+        return a
+
+    async def lookup(self, parent_inode, name, ctx=None):
+        if name == b".":
+            return self.attrs(parent_inode)
+        if name == b"..":
+            return self.attrs(self.parent.get(parent_inode, pyfuse3.ROOT_INODE))
+        ino = self.children.get(parent_inode, {}).get(name)
+        if ino is None:
+            raise pyfuse3.FUSEError(errno.ENOENT)
+        return self.attrs(ino)
+
+    async def getattr(self, inode, ctx=None):
+        return self.attrs(inode)
+
+    async def readlink(self, inode, ctx):
+        f = self.entry(inode)
+        if f.kind != "l":
+            raise pyfuse3.FUSEError(errno.EINVAL)
+        return os.fsencode(f.target)
+
+    async def opendir(self, inode, ctx):
+        if self.entry(inode).kind != "d":
+            raise pyfuse3.FUSEError(errno.ENOTDIR)
+        return inode
+
+    async def readdir(self, fh, start_id, token):
+        names = sorted(self.children.get(fh, {}).items())
+        for i in range(start_id, len(names)):
+            name, ino = names[i]
+            if not pyfuse3.readdir_reply(token, name, self.attrs(ino), i + 1):
+                break
+
+    async def open(self, inode, flags, ctx):
+        if flags & (os.O_WRONLY | os.O_RDWR | os.O_TRUNC | os.O_APPEND):
+            raise pyfuse3.FUSEError(errno.EROFS)
+        if self.entry(inode).kind != "f":
+            raise pyfuse3.FUSEError(errno.EINVAL)
+        return pyfuse3.FileInfo(fh=inode, keep_cache=True)  # immutable: the page cache stays valid
+
+    async def read(self, fh, off, size):
+        f = self.entry(fh)
+        if off >= f.size or size <= 0:
+            return b""
+        try:
+            return await self.chunks.read(f.offset + off, min(size, f.size - off))
+        except (ChunkError, OSError) as exc:
+            log.error("read of %s (%d bytes at %d) failed: %s", f.path, size, off, exc)
+            raise pyfuse3.FUSEError(errno.EIO) from None
+
+    async def statfs(self, ctx):
+        s = pyfuse3.StatvfsData()
+        s.f_bsize = s.f_frsize = 4096
+        s.f_blocks = (self.chunks.index.archive_size + 4095) // 4096
+        s.f_bfree = s.f_bavail = s.f_ffree = s.f_favail = 0
+        s.f_files = len(self.files)
+        s.f_namemax = 255
+        return s
+
+
+def mount_options(image_id: str) -> set[str]:
+    """allow_other: containers (and the overlay over it) read it; default_permissions: the kernel
+    checks modes and owners, we never do."""
+    return {"allow_other", "default_permissions", "ro", f"fsname=levers9-{image_id}", "subtype=levers9"}
+
+
+async def serve(fs: ImageFs, mount: str) -> None:
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGTERM, pyfuse3.terminate)
+    loop.add_signal_handler(signal.SIGINT, pyfuse3.terminate)
+    print(f"mounted {mount}", flush=True)
+    try:
+        await pyfuse3.main()
+    finally:
+        log.info("serving ended: %d chunks filled", fs.chunks.filled)
+        await fs.chunks.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m levers9.worker.lazyfs", description=__doc__.split("\n")[0])
+    for name in ("index", "mount", "cache-url", "bucket", "key", "blob-dir"):
+        p.add_argument(f"--{name}", required=True)
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format="%(asctime)s lazyfs %(levelname)s %(message)s")
+    try:
+        index = decode_index(Path(args.index).read_bytes())
+        fs = ImageFs(index, Chunks(index, args.cache_url, args.bucket, args.key, Path(args.blob_dir)))
+    except (OSError, ValueError) as exc:
+        print(f"lazyfs: the image index {args.index} cannot be served: {exc}", file=sys.stderr, flush=True)
+        return 2
+    pyfuse3.asyncio.enable()
+    try:
+        pyfuse3.init(fs, args.mount, mount_options(index.image_id))
+    except RuntimeError as exc:
+        print(f"lazyfs: mounting {args.mount} failed: {exc}", file=sys.stderr, flush=True)
+        return 3
+    try:
+        asyncio.run(serve(fs, args.mount))
+    finally:
+        pyfuse3.close(unmount=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,191 @@
+"""Images on a worker: an archive uploaded to real S3, mounted lazily through FUSE with its chunks
+coming through a real node cache (only those read), unpacked whole as the fallback; a killed FUSE
+server and an unreachable S3 are reported with their reasons."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+import signal
+import stat
+import time
+from pathlib import Path
+
+import pytest
+import uvicorn
+
+from levers9.contracts.image_index import chunk_span, decode_index
+from levers9.contracts.spec import ArchiveRef, ImageRef
+from levers9.runtime.config import Settings
+from levers9.runtime.image_archive import upload_image
+from levers9.runtime.service import _Server
+from levers9.stack import free_port
+from levers9.worker.container import ContainerError
+from levers9.worker.images import ImageMounts
+from levers9.worker.mounts import is_mount_point
+from levers9.worker.node_cache import NodeCache, cache_app
+
+pytestmark = [
+    pytest.mark.skipif(not os.path.exists("/dev/fuse"), reason="no /dev/fuse on this machine: no FUSE mounts"),
+    pytest.mark.skipif(os.geteuid() != 0, reason="mounting with allow_other and overlays needs root"),
+]
+
+CHUNK = 64 << 10
+BUCKET = "images-test"
+
+
+def s3_settings(servers, image_cache: Path) -> Settings:
+    return Settings(s3_endpoint=servers["s3_endpoint"], s3_access_key=servers["s3_access_key"],
+                    s3_secret_key=servers["s3_secret_key"], image_cache=str(image_cache))
+
+
+def make_tree(root: Path) -> dict[str, bytes]:
+    files = {"etc/motd": b"hello from the image\n", "usr/lib/python3/mod.py": b"X = 42\n" * 100,
+             "usr/lib/big.so": os.urandom(5 * CHUNK + 123),  # spans 6 chunks
+             "var/unread.bin": os.urandom(4 * CHUNK), "empty": b""}
+    for rel, data in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_bytes(data)
+    os.chmod(root / "etc/motd", 0o640)
+    os.chown(root / "etc/motd", 1234, 4321)
+    os.symlink("python3/mod.py", root / "usr/lib/mod-link")
+    return files
+
+
+class CacheServer:
+    """A node cache over HTTP in this event loop (what lazyfs and ImageMounts talk to)."""
+
+    def __init__(self, blobs: Path, settings: Settings) -> None:
+        self.cache = NodeCache(blobs, settings, max_bytes=1 << 30)
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.server = _Server(uvicorn.Config(cache_app(self.cache), host="127.0.0.1", port=self.port,
+                                             log_config=None, lifespan="off"))
+
+    async def __aenter__(self) -> CacheServer:
+        self.task = asyncio.create_task(self.server.serve())
+        while not self.server.started:
+            await asyncio.sleep(0.02)
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        self.server.should_exit = True
+        await self.task
+
+
+async def read(path: Path, offset: int = 0, length: int = -1) -> bytes:
+    """Read in a thread: the FUSE server asks the node cache, which runs in this event loop."""
+    def go() -> bytes:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            return f.read(length)
+    return await asyncio.to_thread(go)
+
+
+async def wait_for(check, timeout: float = 10.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = check()
+        if found:
+            return found
+        await asyncio.sleep(0.05)
+    raise AssertionError("timed out")
+
+
+async def uploaded(servers, tmp_path: Path, image_id: str) -> tuple[dict[str, bytes], ImageRef, Settings]:
+    settings = s3_settings(servers, tmp_path / "cache")
+    (tmp_path / "src").mkdir()
+    files = make_tree(tmp_path / "src")
+    archive = await upload_image(settings, tmp_path / "src", image_id, BUCKET, chunk_size=CHUNK)
+    return files, ImageRef(image_id=image_id, archive=archive), settings
+
+
+async def test_a_lazy_mount_serves_the_image_and_fetches_only_the_chunks_read(servers, tmp_path):
+    image_id = "im-" + hashlib.sha256(str(tmp_path).encode()).hexdigest()[:24]
+    files, ref, settings = await uploaded(servers, tmp_path, image_id)
+    assert ref.archive is not None
+    blobs = tmp_path / "cache" / "blobs"
+    async with CacheServer(blobs, settings) as cache:
+        mounts = ImageMounts(settings, blobs, cache.url, mode="lazy", grace_s=0)
+        began = time.monotonic()
+        lower = await mounts.acquire(ref, "c1")
+        mounted_ms = (time.monotonic() - began) * 1000
+        assert is_mount_point(lower) and cache.cache.stats["fills_s3"] == 1  # the index only
+        index = decode_index((blobs / ref.archive.index_sha256).read_bytes())
+        by_path = {f.path: f for f in index.files}
+
+        # names, modes, owners and links come from the index: no chunk is fetched for them
+        assert sorted(await asyncio.to_thread(os.listdir, lower)) == ["empty", "etc", "usr", "var"]
+        st = await asyncio.to_thread(os.lstat, lower / "etc/motd")
+        assert (stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid, st.st_size) == (0o640, 1234, 4321, 21)
+        assert await asyncio.to_thread(os.readlink, lower / "usr/lib/mod-link") == "python3/mod.py"
+        assert await read(lower / "empty") == b""
+        assert cache.cache.stats["fills_s3"] == 1
+
+        assert await read(lower / "etc/motd") == files["etc/motd"]
+        assert await read(lower / "usr/lib/mod-link") == files["usr/lib/python3/mod.py"]
+        big = files["usr/lib/big.so"]
+        assert await read(lower / "usr/lib/big.so", 3 * CHUNK + 7, 1000) == big[3 * CHUNK + 7:3 * CHUNK + 1007]
+        assert await read(lower / "usr/lib/big.so") == big
+
+        touched = set()
+        for path in ("etc/motd", "usr/lib/python3/mod.py", "usr/lib/big.so"):
+            touched |= {index.chunks[n] for n in chunk_span(by_path[path].offset, by_path[path].size, CHUNK)}
+        unread = {index.chunks[n] for n in chunk_span(by_path["var/unread.bin"].offset, CHUNK * 4, CHUNK)}
+        fetched = {p.name for p in blobs.iterdir()} - {ref.archive.index_sha256}
+        assert fetched == touched and not fetched & (unread - touched)
+        assert cache.cache.stats["fills_s3"] == 1 + len(touched)
+        print(f"\nlazy mount in {mounted_ms:.0f} ms; fetched {cache.cache.stats['bytes_filled']} of "
+              f"{ref.archive.size_bytes} archive bytes ({len(touched)} of {len(index.chunks)} chunks)")
+
+        # a second container shares the mount; a killed server fails both, with the signal
+        assert await mounts.acquire(ref, "c2") == lower
+        server = mounts.servers[image_id].proc
+        os.kill(server.pid, signal.SIGKILL)
+        reason = await wait_for(lambda: mounts.lost("c1"))
+        assert reason == f"image {image_id}: its FUSE server exited (signal 9 (SIGKILL))"
+        assert mounts.lost("c2") == reason
+        await mounts.release("c1")
+        await mounts.release("c2")
+        await wait_for(lambda: not is_mount_point(lower))
+
+        # mounted again for the next container, by a new server
+        assert await mounts.acquire(ref, "c3") == lower and mounts.lost("c3") is None
+        assert await read(lower / "etc/motd") == files["etc/motd"]
+        await mounts.release("c3")
+        await wait_for(lambda: not is_mount_point(lower))
+        assert not mounts.servers
+
+
+async def test_unpack_mode_materialises_the_image_once(servers, tmp_path):
+    image_id = "im-" + hashlib.sha256(str(tmp_path).encode()).hexdigest()[:24]
+    files, ref, settings = await uploaded(servers, tmp_path, image_id)
+    blobs = tmp_path / "cache" / "blobs"
+    async with CacheServer(blobs, settings) as cache:
+        mounts = ImageMounts(settings, blobs, cache.url, mode="unpack")
+        lower = await mounts.acquire(ref, "c1")
+        assert lower == tmp_path / "cache" / "images" / image_id / "rootfs"
+        for rel, data in files.items():
+            assert (lower / rel).read_bytes() == data
+        assert os.readlink(lower / "usr/lib/mod-link") == "python3/mod.py"
+        assert stat.S_IMODE((lower / "etc/motd").stat().st_mode) == 0o640
+        fills = cache.cache.stats["fills_s3"]
+        assert await mounts.acquire(ref, "c2") == lower and cache.cache.stats["fills_s3"] == fills
+        assert mounts.lost("c1") is None
+
+
+async def test_s3_out_at_acquire_fails_the_container_with_the_cause(servers, tmp_path):
+    settings = s3_settings(servers, tmp_path / "cache").with_(s3_endpoint=f"http://127.0.0.1:{free_port()}")
+    blobs = tmp_path / "cache" / "blobs"
+    archive = ArchiveRef(bucket=BUCKET, key="images/archives/" + "a" * 64, sha256="a" * 64, size_bytes=10,
+                         index_key="images/indexes/" + "b" * 64, index_sha256="b" * 64)
+    ref = ImageRef(image_id="im-" + "0" * 24, archive=archive)
+    async with CacheServer(blobs, settings) as cache:
+        mounts = ImageMounts(settings, blobs, cache.url, mode="lazy")
+        with pytest.raises(ContainerError) as err:
+            await mounts.acquire(ref, "c1")
+    message = str(err.value)
+    assert message.startswith(f"image {ref.image_id}: fetching its index from S3 failed: ")
+    assert "Could not connect" in message, message
+    assert not os.listdir(tmp_path / "cache" / "images" / ref.image_id / "holders")
