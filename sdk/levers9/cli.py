@@ -16,6 +16,7 @@ from rich.console import Console
 from rich.table import Table
 
 from levers9.cli_app import register as _register_app_commands
+from levers9.cli_images import register as _register_image_commands
 from levers9.runtime.config import SERVICES, Settings, write_profile
 
 app = typer.Typer(help="levers9: run code in containers; restore checkpoints instead of booting cold.",
@@ -27,6 +28,7 @@ app.add_typer(events_app, name="events")
 app.add_typer(contracts_app, name="contracts")
 app.add_typer(projections_app, name="projections")
 _register_app_commands(app)
+_register_image_commands(app)
 
 console = Console(stderr=True, soft_wrap=True)
 out = Console(width=None if sys.stdout.isatty() else 250)  # pipes and files get whole lines

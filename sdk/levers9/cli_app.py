@@ -10,7 +10,7 @@ import json
 import sys
 import threading
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
@@ -82,14 +82,20 @@ def _cell(value: Any) -> str:
 
 # ---- deploy and serve ----------------------------------------------------------------------------
 
-def deploy_file(get_client: Callable[[], "Client"], file: Path,
-                progress: Callable[[str], None]) -> list[dict[str, Any]]:
-    """Load the file's endpoints, package its directory, and POST each spec. -> the gateway's answers."""
+def deploy_file(get_client: Callable[[], "Client"], file: Path, progress: Callable[[str], None],
+                pause: Callable[[], Any] = nullcontext) -> list[dict[str, Any]]:
+    """Load the file's endpoints, build the images they name (each blueprint once; nothing is
+    deployed when one fails), package its directory, and POST each spec. -> the gateway's answers.
+    `pause`: a context during which the caller's own live display is stopped (the builds show theirs)."""
+    from levers9.cli_images import distinct_blueprints, ensure_images
     from levers9.client import code_files, package_code
 
     progress(f"loading {file}")
     specs = load_app_file(file)
     c = get_client()
+    if distinct_blueprints(specs):
+        with pause():
+            ensure_images(c, specs)
     directory = file.resolve().parent
     count = len(code_files(directory))
     progress(f"packaging {directory} ({count} .py files)")
@@ -117,7 +123,15 @@ def deploy(file: Path = typer.Argument(..., help="the .py file that defines the 
             spinner.update(msg)
             console.print(f"  {escape(msg)}")
 
-        results = deploy_file(client, file, progress)
+        @contextmanager
+        def pause() -> Iterator[None]:
+            spinner.stop()
+            try:
+                yield
+            finally:
+                spinner.start()
+
+        results = deploy_file(client, file, progress, pause)
     print_json(results) if json_out else _report(results)
 
 

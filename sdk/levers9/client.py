@@ -140,6 +140,43 @@ class Client:
         return self._call("DELETE", f"/api/v1/deployments/{name}", f"deleting deployment {name!r}",
                           see="levers9 deployments list")
 
+    # -- images --
+
+    def request_image(self, blueprint: dict[str, Any], requested_by: str = "") -> dict[str, Any]:
+        """Ask for a blueprint's image (levers9.contracts.spec.ImageSpec JSON, as Image.to_dict()
+        gives it). -> {"image_id", "status": built|requested|building|pushed, "cached", ...}: built
+        at once when it exists; otherwise follow image_events(image_id, follow=True)."""
+        return self._call("POST", "/api/v1/images", "asking for an image",
+                          json={"blueprint": blueprint, "requested_by": requested_by})
+
+    def list_images(self) -> list[dict[str, Any]]:
+        return self._call("GET", "/api/v1/images", "listing images")
+
+    def get_image(self, image_id: str) -> dict[str, Any]:
+        """The image's blueprint, steps with their states, reason, failing step and log tail."""
+        return self._call("GET", f"/api/v1/images/{image_id}", f"reading image {image_id}",
+                          see="levers9 images list")
+
+    def delete_image(self, image_id: str) -> Any:
+        return self._call("DELETE", f"/api/v1/images/{image_id}", f"deleting image {image_id}",
+                          see="levers9 images list")
+
+    def image_events(self, image_id: str, follow: bool = False) -> Iterator[dict[str, Any]]:
+        """The image's events (envelopes as dicts) from its first; with follow, until its build ends."""
+        what = f"reading the events of image {image_id}"
+        timeout = httpx.Timeout(self.timeout, read=None) if follow else self.timeout
+        try:
+            with self._http.stream("GET", f"/api/v1/images/{image_id}/events",
+                                   params={"follow": "true" if follow else "false"}, timeout=timeout) as r:
+                if r.status_code >= 400:
+                    r.read()
+                    raise self._status_error(r, what, "levers9 images list")
+                for line in r.iter_lines():
+                    if line.strip():
+                        yield json.loads(line)
+        except httpx.HTTPError as exc:
+            raise self._transport_error(exc, what) from None
+
     # -- containers --
 
     def list_containers(self, all: bool = False) -> list[dict[str, Any]]:
