@@ -12,6 +12,8 @@
 - A monitor loop notices containers that exit or run out of memory, and stops the ones idle for
   keep_warm_seconds (scale to zero: ContainerStopped; the rule is levers9.worker.idle).
 - Checkpoints: levers9.worker.checkpointing; HTTP routes: levers9.worker.routes.
+- A worker of the build pool also consumes ImageBuildStarted and runs the builds given to it, one at
+  a time (levers9.worker.builder).
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from levers9.runtime.tasks import spawn
 from levers9.runtime.views import CheckpointsView, ContainersView, DeploymentsView, SecretsView, WorkersView
 
 from . import checkpointing
+from .builder import BUILD_POOL, Builds
 from .container import ContainerSpec, Exit, Runtime, Started
 from .idle import should_stop_idle
 from .node_cache import NodeCache, cache_app
@@ -84,6 +87,9 @@ class WorkerService(Service):
         self.cache = NodeCache(Path(self.settings.image_cache) / "blobs", self.settings, self.settings.cache_max_bytes)
         self.cache_url = f"http://{self.settings.http_host}:{self.settings.cache_port}"
         self.checkpoints = checkpointing.Checkpoints(self)
+        self.builds = Builds(self.worker_id, self.settings.registry, Path(self.settings.image_cache),
+                             publish=lambda env: self.bus.publish(env)) \
+            if self.settings.worker_pool == BUILD_POOL else None
 
     @property
     def worker_id(self) -> str:
@@ -153,11 +159,24 @@ class WorkerService(Service):
 
     def reactions(self):
         wanted = ("ContainerScheduled", "ContainerStopRequested", "ContainerCheckpointRequested")
-        return [WorkConsumer(self.bus, f"worker-{self.worker_id}",
-                             [subjects.filter_subject(aggregate="container", event_type=t) for t in wanted],
-                             handle=self.on_container_event, max_deliver=50, ack_wait=60)]
+        consumers = [WorkConsumer(self.bus, f"worker-{self.worker_id}",
+                                  [subjects.filter_subject(aggregate="container", event_type=t) for t in wanted],
+                                  handle=self.on_container_event, max_deliver=50, ack_wait=60)]
+        if self.builds is not None:  # its own durable: the filters of the one above stay as they are
+            consumers.append(WorkConsumer(self.bus, f"worker-{self.worker_id}-builds", Builds.subjects(),
+                                          handle=self.on_build_event, max_deliver=50, ack_wait=60))
+        return consumers
+
+    async def on_build_event(self, d: Delivery) -> None:
+        """A build given to this worker is queued; the consumer goes on (a build takes minutes)."""
+        assert d.message is not None and self.builds is not None
+        if self.builds.wants(d.message.event):
+            assert isinstance(d.message.event, E.ImageBuildStarted)
+            self.builds.take(d.message.event, d.message.envelope)
 
     async def on_stop(self) -> None:
+        if self.builds is not None:
+            await self.builds.stop()
         for c in list(self.containers.values()):
             await self.stop_container(c, "worker stopping")
         try:
@@ -405,7 +424,9 @@ class WorkerService(Service):
         runtime = getattr(self, "runtime", None)
         return {"worker_id": self.worker_id, "runtime": runtime.name if runtime else "",
                 "runtime_note": self.runtime_note, "registered": self.ready.is_set(), "criu": self.criu_note,
-                "prepare_error": self.prepare_error, "containers": len(self.containers)}
+                "prepare_error": self.prepare_error, "containers": len(self.containers),
+                **({"builds": {"current": self.builds.current, "finished": self.builds.finished}}
+                   if self.builds is not None else {})}
 
 
 def bind_unless_taken(host: str, port: int) -> socket.socket | None:
