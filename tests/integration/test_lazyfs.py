@@ -7,9 +7,11 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
+import shutil
 import signal
 import stat
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -21,10 +23,12 @@ from levers9.runtime.config import Settings
 from levers9.runtime.image_archive import upload_image
 from levers9.runtime.service import _Server
 from levers9.stack import free_port
-from levers9.worker.container import ContainerError
+from levers9.worker.container import ContainerError, ContainerSpec
 from levers9.worker.images import ImageMounts
 from levers9.worker.mounts import is_mount_point
 from levers9.worker.node_cache import NodeCache, cache_app
+from levers9.worker.runc import RuncRuntime
+from levers9.worker.runtime import runc_missing
 
 pytestmark = [
     pytest.mark.skipif(not os.path.exists("/dev/fuse"), reason="no /dev/fuse on this machine: no FUSE mounts"),
@@ -189,3 +193,63 @@ async def test_s3_out_at_acquire_fails_the_container_with_the_cause(servers, tmp
     assert message.startswith(f"image {ref.image_id}: fetching its index from S3 failed: ")
     assert "Could not connect" in message, message
     assert not os.listdir(tmp_path / "cache" / "images" / ref.image_id / "holders")
+
+
+BASE = Path("/var/cache/levers9/rootfs/bookworm-python3-base")
+
+
+def copy_from(base: Path, rel: str, dest: Path) -> None:
+    """Copy `rel` of `base` into `dest`, with every symlink on the way (resolved inside `base`)."""
+    parts = rel.split("/")
+    for i in range(1, len(parts) + 1):
+        prefix = "/".join(parts[:i])
+        if (base / prefix).is_symlink():
+            target = os.readlink(base / prefix)
+            (dest / prefix).parent.mkdir(parents=True, exist_ok=True)
+            if not os.path.lexists(dest / prefix):
+                os.symlink(target, dest / prefix)
+            inside = target.lstrip("/") if target.startswith("/") else \
+                os.path.normpath(os.path.join(os.path.dirname(prefix), target))
+            copy_from(base, "/".join([inside, *parts[i:]]), dest)
+            return
+    (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+    shutil.copy2(base / rel, dest / rel)
+
+
+@pytest.mark.skipif(bool(runc_missing()), reason=f"real containers: {runc_missing()}")
+@pytest.mark.skipif(not BASE.is_dir(), reason=f"the base root fs is not built at {BASE}")
+async def test_a_runc_container_runs_on_a_lazy_image_and_fails_when_its_server_dies(servers, tmp_path):
+    # a tiny image from another "base": a shell, cat and sleep; no /app, /opt/levers9 or /var/log
+    image = tmp_path / "src"
+    for rel in ("bin/sh", "bin/cat", "bin/sleep", "lib64/ld-linux-x86-64.so.2", "lib/x86_64-linux-gnu/libc.so.6"):
+        copy_from(BASE, rel, image)
+    (image / "etc").mkdir()
+    (image / "etc/image-note").write_text("read through FUSE\n")
+    image_id = "im-" + hashlib.sha256(str(tmp_path).encode()).hexdigest()[:24]
+    settings = s3_settings(servers, tmp_path / "cache")
+    ref = ImageRef(image_id=image_id, archive=await upload_image(settings, image, image_id, BUCKET, chunk_size=CHUNK))
+    (tmp_path / "code").mkdir()
+    (tmp_path / "sdk").mkdir()
+    rt = RuncRuntime(tmp_path / "worker", Settings(runtime="runc"))
+    await rt.prepare()
+    blobs = tmp_path / "cache" / "blobs"
+    async with CacheServer(blobs, settings) as cache:
+        rt.images = ImageMounts(settings, blobs, cache.url, mode="lazy", grace_s=0)
+        spec = ContainerSpec(container_id=f"t-{uuid.uuid4().hex[:12]}", code_dir=tmp_path / "code",
+                             sdk_dir=tmp_path / "sdk", env={}, cpu_millicores=500, memory_mib=64,
+                             command=("/bin/sh", "-c", "cat /etc/image-note; exec sleep 60"), image=ref)
+        started = await rt.start(spec)
+        mnt = tmp_path / "cache" / "images" / image_id / "mnt"
+        try:
+            await wait_for(lambda: "read through FUSE" in started.log_path.read_text())
+            assert is_mount_point(mnt) and await rt.poll(spec.container_id) is None
+            os.kill(rt.images.servers[image_id].proc.pid, signal.SIGKILL)
+            deadline = time.monotonic() + 10
+            while (ended := await rt.poll(spec.container_id)) is None:
+                assert time.monotonic() < deadline
+                await asyncio.sleep(0.05)
+            assert ended.reason == f"image {image_id}: its FUSE server exited (signal 9 (SIGKILL))"
+        finally:
+            await rt.stop(spec.container_id, timeout=2)
+        await wait_for(lambda: not is_mount_point(mnt))
+        assert not rt.container_dir(spec.container_id).exists()
