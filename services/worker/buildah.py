@@ -3,16 +3,22 @@
 Every call raises `ToolError` with the command and its output when the tool exits non-zero, except
 `run`, whose exit code is the build step's result. Registries on loopback speak plain HTTP, so
 references to them get `--tls-verify=false` (and only those).
+
+Also what a `buildah run` must see of the host for pip inside it to install from where pip on this
+host installs from (pip_mounts, pure; host_pip_mounts reads this host's files).
 """
 
 from __future__ import annotations
 
 import asyncio
+import configparser
+import contextlib
 import json
 import os
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Awaitable, Callable
+from pathlib import Path, PurePosixPath
+from typing import Awaitable, Callable, Mapping
+from urllib.parse import unquote, urlsplit
 
 LINE_LIMIT = 1 << 20  # a line longer than this (a progress bar without newlines) is cut, not fatal
 LOOPBACK = ("127.0.0.1", "localhost", "[::1]")
@@ -177,3 +183,89 @@ async def exists_remote(reference: str) -> bool:
 async def copy_tree(source: Path, target: Path) -> None:
     """`cp -a` of a tree's contents (ownership, modes, links, device nodes kept)."""
     await tool("cp", "-a", "--", f"{os.fspath(source)}/.", os.fspath(target))
+
+
+# ---- the host's pip configuration as read-only mounts for `buildah run` (pure, but host_pip_mounts) --
+
+# (where pip reads it on the host, where pip inside the build reads it as root)
+PIP_CONFIGS = (("/etc/xdg/pip", "/etc/xdg/pip"), ("/etc/pip.conf", "/etc/pip.conf"),
+               ("~/.pip/pip.conf", "/root/.pip/pip.conf"), ("~/.config/pip/pip.conf", "/root/.config/pip/pip.conf"))
+INDEX_KEYS = ("index-url", "extra-index-url")  # file:// indexes: the tree around simple/ (its files)
+PATH_KEYS = ("find-links", "constraint", "cert", "client-cert")  # a local dir or file, as named
+
+
+def pip_config_paths(home: Path, env: Mapping[str, str]) -> list[tuple[Path, str]]:
+    """Every place pip reads a config from on this host (whether it exists or not), with its place
+    inside the build; PIP_CONFIG_FILE keeps its path (the variable is passed on)."""
+    found = [(Path(host.replace("~", str(home), 1)), target) for host, target in PIP_CONFIGS]
+    if env.get("PIP_CONFIG_FILE"):
+        found.append((Path(env["PIP_CONFIG_FILE"]), env["PIP_CONFIG_FILE"]))
+    return found
+
+
+def pip_values(texts: list[str], env: Mapping[str, str]) -> list[tuple[str, str]]:
+    """(key, value) of every path-like setting in the config texts and PIP_* variables."""
+    found = []
+    for text in texts:
+        parser = configparser.RawConfigParser()
+        with contextlib.suppress(configparser.Error):
+            parser.read_string(text)
+        for section in parser.sections():
+            for key, value in parser.items(section):
+                found.append((key.replace("_", "-"), value))
+    for name, value in env.items():
+        if name.startswith("PIP_"):
+            found.append((name[4:].lower().replace("_", "-"), value))
+    return [(k, v) for k, v in found if k in INDEX_KEYS + PATH_KEYS]
+
+
+def local_path(token: str) -> str:
+    """The host path a config value names ("" for a remote URL or a relative path)."""
+    if token.startswith("file:"):
+        return unquote(urlsplit(token).path)
+    return token if token.startswith("/") else ""
+
+
+def pip_mounts(configs: list[tuple[Path, str]], texts: list[str], env: Mapping[str, str],
+               exists: Callable[[str], bool]) -> list[Mount]:
+    """The read-only mounts that show a build what pip on this host sees: the config files that
+    exist, and every local dir or file they (or PIP_*) name, at the same path; nothing twice."""
+    mounts = [Mount(str(host), target) for host, target in configs if exists(str(host))]
+    for key, value in pip_values(texts, env):
+        for token in value.split():
+            path = local_path(token)
+            if not path:
+                continue
+            if key in INDEX_KEYS and PurePosixPath(path).name == "simple":
+                path = str(PurePosixPath(path).parent)  # its index pages link to ../../files/…
+            path = str(PurePosixPath(path))
+            if exists(path):
+                mounts.append(Mount(path, path))
+    return _without_nested(mounts)
+
+
+def _without_nested(mounts: list[Mount]) -> list[Mount]:
+    """Drop duplicates and mounts already visible through another (same path, inside its source)."""
+    kept: list[Mount] = []
+    for m in sorted(set(mounts), key=lambda m: (m.target.count("/"), m.target, m.source)):
+        covered = any(k.source == k.target and m.source == m.target
+                      and PurePosixPath(m.target).is_relative_to(k.target) for k in kept)
+        if not covered and all(k.target != m.target for k in kept):
+            kept.append(m)
+    return kept
+
+
+def pip_env(env: Mapping[str, str]) -> list[str]:
+    return [f"{k}={v}" for k, v in sorted(env.items()) if k.startswith("PIP_")]
+
+
+def host_pip_mounts(env: Mapping[str, str] | None = None) -> tuple[list[Mount], list[str]]:
+    """This host's pip mounts and PIP_* variables (reads the config files)."""
+    env = dict(os.environ if env is None else env)
+    configs = pip_config_paths(Path(env.get("HOME") or Path.home()), env)
+    texts = []
+    for host, _ in configs:
+        for file in ([*sorted(host.glob("*.conf"))] if host.is_dir() else [host]):
+            with contextlib.suppress(OSError):
+                texts.append(file.read_text(errors="replace"))
+    return pip_mounts(configs, texts, env, os.path.exists), pip_env(env)

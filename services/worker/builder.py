@@ -15,15 +15,14 @@ user's base image is pulled as named. pip inside a step sees the host's pip conf
 files, local wheel dirs and file:// indexes, certificates, PIP_* variables), bound read-only: builds
 install from wherever this machine's pip installs from, and no host name is written anywhere.
 
-Pure parts (tested alone): which host paths pip needs (pip_mounts), a step's argv (step_argv),
-log batching (Batcher), which mount points a run creates (missing_chain).
+Pure parts (tested alone): a step's argv (step_argv), log batching (Batcher), which mount points a
+run creates (missing_chain); which host paths pip needs is buildah.pip_mounts.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
-import configparser
 import contextlib
 import fcntl
 import logging
@@ -32,16 +31,17 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import Awaitable, Callable, Literal, Mapping
-from urllib.parse import unquote, urlsplit
+from typing import Awaitable, Callable, Literal
 
 from levers9.contracts import Envelope, envelope
 from levers9.contracts import events as E
 from levers9.contracts.images import PLATFORM_BASE, BuildStep, env_list, image_tag
 from levers9.contracts.subjects import filter_subject
+from levers9.runtime.bus import Bus
+from levers9.runtime.consumer import Delivery, WorkConsumer
 
 from . import buildah, rootfs
-from .buildah import Mount, ToolError
+from .buildah import Mount, ToolError, host_pip_mounts
 
 log = logging.getLogger("levers9.worker.builder")
 
@@ -51,92 +51,6 @@ LOG_LINES = 50  # ... or as soon as this many are waiting
 TAIL_LINES = 30  # the failing step's last lines, in ImageBuildFailed.log_tail
 BASE_STAMP_LABEL = "levers9.rootfs"  # which base root fs (inode, mtime) a local base image was made from
 PATH_ENV = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"  # from scratch has none
-
-# ---- pure: the host's pip configuration as read-only mounts ------------------------------------------
-
-# (where pip reads it on the host, where pip inside the build reads it as root)
-PIP_CONFIGS = (("/etc/xdg/pip", "/etc/xdg/pip"), ("/etc/pip.conf", "/etc/pip.conf"),
-               ("~/.pip/pip.conf", "/root/.pip/pip.conf"), ("~/.config/pip/pip.conf", "/root/.config/pip/pip.conf"))
-INDEX_KEYS = ("index-url", "extra-index-url")  # file:// indexes: the tree around simple/ (its files)
-PATH_KEYS = ("find-links", "constraint", "cert", "client-cert")  # a local dir or file, as named
-
-
-def pip_config_paths(home: Path, env: Mapping[str, str]) -> list[tuple[Path, str]]:
-    """Every place pip reads a config from on this host (whether it exists or not), with its place
-    inside the build; PIP_CONFIG_FILE keeps its path (the variable is passed on)."""
-    found = [(Path(host.replace("~", str(home), 1)), target) for host, target in PIP_CONFIGS]
-    if env.get("PIP_CONFIG_FILE"):
-        found.append((Path(env["PIP_CONFIG_FILE"]), env["PIP_CONFIG_FILE"]))
-    return found
-
-
-def pip_values(texts: list[str], env: Mapping[str, str]) -> list[tuple[str, str]]:
-    """(key, value) of every path-like setting in the config texts and PIP_* variables."""
-    found = []
-    for text in texts:
-        parser = configparser.RawConfigParser()
-        with contextlib.suppress(configparser.Error):
-            parser.read_string(text)
-        for section in parser.sections():
-            for key, value in parser.items(section):
-                found.append((key.replace("_", "-"), value))
-    for name, value in env.items():
-        if name.startswith("PIP_"):
-            found.append((name[4:].lower().replace("_", "-"), value))
-    return [(k, v) for k, v in found if k in INDEX_KEYS + PATH_KEYS]
-
-
-def local_path(token: str) -> str:
-    """The host path a config value names ("" for a remote URL or a relative path)."""
-    if token.startswith("file:"):
-        return unquote(urlsplit(token).path)
-    return token if token.startswith("/") else ""
-
-
-def pip_mounts(configs: list[tuple[Path, str]], texts: list[str], env: Mapping[str, str],
-               exists: Callable[[str], bool]) -> list[Mount]:
-    """The read-only mounts that show a build what pip on this host sees: the config files that
-    exist, and every local dir or file they (or PIP_*) name, at the same path; nothing twice."""
-    mounts = [Mount(str(host), target) for host, target in configs if exists(str(host))]
-    for key, value in pip_values(texts, env):
-        for token in value.split():
-            path = local_path(token)
-            if not path:
-                continue
-            if key in INDEX_KEYS and PurePosixPath(path).name == "simple":
-                path = str(PurePosixPath(path).parent)  # its index pages link to ../../files/…
-            path = str(PurePosixPath(path))
-            if exists(path):
-                mounts.append(Mount(path, path))
-    return _without_nested(mounts)
-
-
-def _without_nested(mounts: list[Mount]) -> list[Mount]:
-    """Drop duplicates and mounts already visible through another (same path, inside its source)."""
-    kept: list[Mount] = []
-    for m in sorted(set(mounts), key=lambda m: (m.target.count("/"), m.target, m.source)):
-        covered = any(k.source == k.target and m.source == m.target
-                      and PurePosixPath(m.target).is_relative_to(k.target) for k in kept)
-        if not covered and all(k.target != m.target for k in kept):
-            kept.append(m)
-    return kept
-
-
-def pip_env(env: Mapping[str, str]) -> list[str]:
-    return [f"{k}={v}" for k, v in sorted(env.items()) if k.startswith("PIP_")]
-
-
-def host_pip_mounts(env: Mapping[str, str] | None = None) -> tuple[list[Mount], list[str]]:
-    """This host's pip mounts and PIP_* variables (reads the config files)."""
-    env = dict(os.environ if env is None else env)
-    configs = pip_config_paths(Path(env.get("HOME") or Path.home()), env)
-    texts = []
-    for host, _ in configs:
-        for file in ([*sorted(host.glob("*.conf"))] if host.is_dir() else [host]):
-            with contextlib.suppress(OSError):
-                texts.append(file.read_text(errors="replace"))
-    return pip_mounts(configs, texts, env, os.path.exists), pip_env(env)
-
 
 # ---- pure: steps as commands, log batching, mount points ---------------------------------------------
 
@@ -440,9 +354,18 @@ class Builds:
         self.current = ""
         self.finished = 0
 
-    @staticmethod
-    def subjects() -> list[str]:
-        return [filter_subject(aggregate="image", event_type="ImageBuildStarted")]
+    def consumer(self, bus: Bus) -> WorkConsumer:
+        """Its own durable per worker (the worker's placement consumer keeps its filters)."""
+        return WorkConsumer(bus, f"worker-{self.worker_id}-builds",
+                            [filter_subject(aggregate="image", event_type="ImageBuildStarted")],
+                            handle=self.on_event, max_deliver=50, ack_wait=60)
+
+    async def on_event(self, d: Delivery) -> None:
+        """A build given to this worker is queued; the consumer goes on (a build takes minutes)."""
+        assert d.message is not None  # undecodable deliveries are dead-lettered before the handler
+        event = d.message.event
+        if isinstance(event, E.ImageBuildStarted) and self.wants(event):
+            self.take(event, d.message.envelope)
 
     def wants(self, event: E.Event) -> bool:
         return (isinstance(event, E.ImageBuildStarted) and event.builder == self.worker_id

@@ -162,17 +162,9 @@ class WorkerService(Service):
         consumers = [WorkConsumer(self.bus, f"worker-{self.worker_id}",
                                   [subjects.filter_subject(aggregate="container", event_type=t) for t in wanted],
                                   handle=self.on_container_event, max_deliver=50, ack_wait=60)]
-        if self.builds is not None:  # its own durable: the filters of the one above stay as they are
-            consumers.append(WorkConsumer(self.bus, f"worker-{self.worker_id}-builds", Builds.subjects(),
-                                          handle=self.on_build_event, max_deliver=50, ack_wait=60))
+        if self.builds is not None:  # a build-pool worker: the builds given to it
+            consumers.append(self.builds.consumer(self.bus))
         return consumers
-
-    async def on_build_event(self, d: Delivery) -> None:
-        """A build given to this worker is queued; the consumer goes on (a build takes minutes)."""
-        assert d.message is not None and self.builds is not None
-        if self.builds.wants(d.message.event):
-            assert isinstance(d.message.event, E.ImageBuildStarted)
-            self.builds.take(d.message.event, d.message.envelope)
 
     async def on_stop(self) -> None:
         if self.builds is not None:
