@@ -148,6 +148,9 @@ class _NoLive:
     def __exit__(self, *exc: object) -> None:
         return None
 
+    def update(self, renderable: object) -> None:
+        return None
+
 
 def ensure_images(c: "Client", specs: list[dict[str, Any]]) -> dict[str, str]:
     """Every image the specs name, built (or found built). -> endpoint name -> image id.

@@ -12,7 +12,7 @@ import json
 import math
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import MappingProxyType
@@ -258,9 +258,9 @@ class Image:
 
     Its `id` is the content hash the platform names the built image by; `levers9 deploy` builds it
     (once: identical blueprints share it) before deploying."""
-    python_packages: tuple[str, ...] = ()
-    apt_packages: tuple[str, ...] = ()
-    commands: tuple[str, ...] = ()
+    python_packages: Sequence[str] = ()  # kept as tuples
+    apt_packages: Sequence[str] = ()
+    commands: Sequence[str] = ()
     env: Mapping[str, str] = field(default_factory=dict)
     base_image: str | None = None
 
@@ -282,13 +282,13 @@ class Image:
     # -- chaining: each returns a new Image --
 
     def add_python_packages(self, *packages: str) -> "Image":
-        return replace(self, python_packages=self.python_packages + _image_items("python_packages", _flat(packages)))
+        return replace(self, python_packages=(*self.python_packages, *_image_items("python_packages", _flat(packages))))
 
     def add_apt_packages(self, *packages: str) -> "Image":
-        return replace(self, apt_packages=self.apt_packages + _image_items("apt_packages", _flat(packages)))
+        return replace(self, apt_packages=(*self.apt_packages, *_image_items("apt_packages", _flat(packages))))
 
     def add_commands(self, *commands: str) -> "Image":
-        return replace(self, commands=self.commands + _image_items("commands", _flat(commands)))
+        return replace(self, commands=(*self.commands, *_image_items("commands", _flat(commands))))
 
     def with_env(self, env: Mapping[str, str] | None = None, /, **variables: str) -> "Image":
         if env is not None and not isinstance(env, Mapping):

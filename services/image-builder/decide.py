@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import datetime as dt
 from dataclasses import dataclass
-from typing import Sequence
+from typing import AbstractSet, Sequence
 
 from levers9.contracts.images import BuildStep, build_steps, cached_prefix
 from levers9.contracts.spec import ImageSpec
@@ -70,7 +70,7 @@ class Wait:
 Decision = Start | Fail | Wait
 
 
-def ready_builders(workers: Sequence[Worker], busy: set[str], excluded: set[str] = frozenset()) -> list[Worker]:
+def ready_builders(workers: Sequence[Worker], busy: set[str], excluded: AbstractSet[str] = frozenset()) -> list[Worker]:
     """Workers that may take a build now: in the build pool, ready, not cordoned, not building
     anything, not excluded (the one just lost); most CPU first (a build is mostly pip and apt)."""
     fit = [w for w in workers if w.pool == BUILD_POOL and w.status == "ready" and not w.cordoned
@@ -78,7 +78,7 @@ def ready_builders(workers: Sequence[Worker], busy: set[str], excluded: set[str]
     return sorted(fit, key=lambda w: (-w.cpu_millicores, w.worker_id))
 
 
-def choose_builder(workers: Sequence[Worker], busy: set[str], excluded: set[str] = frozenset()) -> str | None:
+def choose_builder(workers: Sequence[Worker], busy: set[str], excluded: AbstractSet[str] = frozenset()) -> str | None:
     ready = ready_builders(workers, busy, excluded)
     return ready[0].worker_id if ready else None
 
