@@ -23,6 +23,7 @@ from levers9.runtime.config import Settings
 from levers9.runtime.image_archive import upload_image
 from levers9.runtime.service import _Server
 from levers9.stack import free_port
+from levers9.worker.checkpoint import RestoreError
 from levers9.worker.container import ContainerError, ContainerSpec
 from levers9.worker.images import ImageMounts
 from levers9.worker.mounts import is_mount_point
@@ -253,3 +254,51 @@ async def test_a_runc_container_runs_on_a_lazy_image_and_fails_when_its_server_d
             await rt.stop(spec.container_id, timeout=2)
         await wait_for(lambda: not is_mount_point(mnt))
         assert not rt.container_dir(spec.container_id).exists()
+
+
+def asleep(init_pid: int) -> bool:
+    """Whether the app (the init's child) sleeps in nanosleep, its binary paged in."""
+    children = Path(f"/proc/{init_pid}/task/{init_pid}/children").read_text().split()
+    return any("nanosleep" in Path(f"/proc/{c}/wchan").read_text() for c in children)
+
+
+@pytest.mark.skipif(bool(runc_missing()), reason=f"real containers: {runc_missing()}")
+@pytest.mark.skipif(not BASE.is_dir(), reason=f"the base root fs is not built at {BASE}")
+async def test_a_checkpoint_records_its_image_and_restores_only_onto_it(servers, tmp_path):
+    image = tmp_path / "src"
+    for rel in ("bin/sh", "bin/sleep", "lib64/ld-linux-x86-64.so.2", "lib/x86_64-linux-gnu/libc.so.6"):
+        copy_from(BASE, rel, image)
+    image_id = "im-" + hashlib.sha256(str(tmp_path).encode()).hexdigest()[:24]
+    settings = s3_settings(servers, tmp_path / "cache")
+    ref = ImageRef(image_id=image_id, archive=await upload_image(settings, image, image_id, BUCKET, chunk_size=CHUNK))
+    (tmp_path / "code").mkdir()
+    (tmp_path / "sdk").mkdir()
+    rt = RuncRuntime(tmp_path / "worker", Settings(runtime="runc"))
+    await rt.prepare()
+    await rt.enable_checkpoints()
+
+    def spec(image: ImageRef | None) -> ContainerSpec:
+        return ContainerSpec(container_id=f"t-{uuid.uuid4().hex[:12]}", code_dir=tmp_path / "code",
+                             sdk_dir=tmp_path / "sdk", env={}, cpu_millicores=500, memory_mib=64,
+                             command=("/bin/sleep", "60"), image=image)
+
+    blobs = tmp_path / "cache" / "blobs"
+    async with CacheServer(blobs, settings) as cache:
+        rt.images = ImageMounts(settings, blobs, cache.url, mode="lazy", grace_s=0)
+        first = spec(ref)
+        started = await rt.start(first)
+        try:
+            # dumped once it sleeps: a task waiting on a FUSE read (paging in) cannot be frozen
+            await wait_for(lambda: asleep(started.pid))
+            artifact = await rt.checkpoint(first.container_id, tmp_path / "ck.tar")
+            assert artifact.manifest["image_id"] == artifact.manifest["base"] == image_id
+            restored = spec(ref)
+            await rt.restore(restored, tmp_path / "ck.tar")
+            assert await rt.poll(restored.container_id) is None
+            await rt.stop(restored.container_id, timeout=1)
+            with pytest.raises(RestoreError) as err:
+                await rt.restore(spec(None), tmp_path / "ck.tar")
+            assert f"made on image {image_id}; this container runs the platform base" in str(err.value)
+        finally:
+            for cid in rt.running():
+                await rt.stop(cid, timeout=1)
