@@ -234,3 +234,32 @@ async def test_a_redelivered_push_appends_no_second_built(builder_service):
                                 num_delivered=2, message=decode(msgspec.json.encode(pushed), pushed.subject)))
     assert await svc.last_event(ws, image) == (await svc.bus.last_seq(f"levers9.{ws}.image.{image}.*"),
                                                "ImageBuildFailed")
+
+
+async def test_the_gateways_event_stream_follows_a_build_until_it_ends(builder_service):
+    """GET /api/v1/images/{id}/events: NDJSON envelopes from the first; with follow, until the end."""
+    from types import SimpleNamespace
+
+    from levers9.gateway.routes_images import event_lines
+
+    svc, ws = builder_service, "t" + uuid7().replace("-", "")[-12:]
+    gw = SimpleNamespace(bus=svc.bus)
+    spec = ImageSpec(commands=[f"echo {ws}"])
+    image = image_id(spec)
+    await svc.bus.publish(envelope(E.ImageBuildFailed(image_id=image, reason="an old failure"), workspace=ws))
+    await svc.bus.publish(envelope(E.ImageBuildRequested(image_id=image, blueprint=spec), workspace=ws))
+    subject = subjects.filter_subject(workspace=ws, aggregate="image", aggregate_id=image)
+    now = [json.loads(line)["type"] async for line in event_lines(gw, subject, follow=False)]
+    assert now[:2] == ["ImageBuildFailed", "ImageBuildRequested"] and set(now[2:]) <= {"ImageBuildProgress"}
+
+    async def follow() -> list[str]:
+        return [json.loads(line)["type"] async for line in event_lines(gw, subject, follow=True)]
+
+    task = asyncio.create_task(follow())
+    await asyncio.sleep(0.5)
+    assert not task.done()  # an old failure followed by a new request is not the end
+    await svc.bus.publish(envelope(E.ImageBuilt(image_id=image, digest="sha256:0", location="s3://b/k"),
+                                   workspace=ws))
+    got = await asyncio.wait_for(task, 10)  # the running image-builder may have said it waits, in between
+    assert got[:2] == ["ImageBuildFailed", "ImageBuildRequested"] and got[-1] == "ImageBuilt"
+    assert set(got[2:-1]) <= {"ImageBuildProgress"}
