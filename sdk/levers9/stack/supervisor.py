@@ -47,6 +47,7 @@ from .procs import (
 
 LAUNCHERS: dict[str, Server] = {s.name: s for s in (nats_server.SERVER, postgres.SERVER, s3.SERVER,
                                                    registry.SERVER)}
+OPTIONAL_SERVERS = ("registry",)
 BOOT_ORDER = ("s3", "nats", "postgres", "registry")  # the slowest to boot (S3, ~4 s) first: all boot at once
 
 
@@ -279,13 +280,16 @@ class Stack:
         return name, proc, offset, port
 
     def _server_urls(self, state: dict) -> dict[str, str]:
+        """What services are told of the servers. Only builds need the registry: a stack without one
+        (started before it existed, or with only the three given) still runs every other service."""
         urls = {}
         for name, server in LAUNCHERS.items():
             url = getattr(self.settings, server.url_key) or state["components"].get(name, {}).get("url")
-            if not url:
+            if url:
+                urls[server.url_key] = url
+            elif name not in OPTIONAL_SERVERS:
                 raise StackError(f"{name} is not running for {self.home}; start the servers first "
                                  f"(`levers9 up`).")
-            urls[server.url_key] = url
         return urls
 
     def _service_env_vars(self, name: str, port: int, urls: dict[str, str],
