@@ -20,6 +20,8 @@ from pathlib import Path, PurePosixPath
 from typing import Awaitable, Callable, Mapping
 from urllib.parse import unquote, urlsplit
 
+import psutil
+
 LINE_LIMIT = 1 << 20  # a line longer than this (a progress bar without newlines) is cut, not fatal
 LOOPBACK = ("127.0.0.1", "localhost", "[::1]")
 
@@ -138,13 +140,24 @@ async def run(container: str, argv: list[str], *, env: list[str], mounts: list[M
         await asyncio.wait_for(pump(), timeout)
         return await proc.wait()
     except asyncio.TimeoutError:
-        proc.kill()
-        await proc.wait()
+        await kill_tree(proc)
         return -9
     finally:
-        if proc.returncode is None:  # cancelled: the step's process must not outlive the build
-            proc.kill()
-            await proc.wait()
+        if proc.returncode is None:  # cancelled: the step's processes must not outlive the build
+            await kill_tree(proc)
+
+
+async def kill_tree(proc: asyncio.subprocess.Process) -> None:
+    """SIGKILL `buildah run` and everything under it. Killing buildah alone would leave the step
+    running: runc's container sits in a session of its own, so neither a signal to buildah nor one
+    to its process group reaches it; its processes are still descendants, though."""
+    with contextlib.suppress(psutil.Error):
+        for child in psutil.Process(proc.pid).children(recursive=True):
+            with contextlib.suppress(psutil.Error):
+                child.kill()
+    with contextlib.suppress(ProcessLookupError):
+        proc.kill()
+    await proc.wait()
 
 
 # ---- images and registries --------------------------------------------------------------------------

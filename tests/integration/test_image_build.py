@@ -170,3 +170,34 @@ async def wait_for_event(bus: Bus, ws: str, image: str, type_: str, timeout: flo
         raise AssertionError(f"no {type_} for {image} within {timeout} s")
     finally:
         await sub.unsubscribe()
+
+
+async def test_a_stopped_build_kills_its_step_removes_its_container_and_says_so(registry):
+    ws = "t" + uuid7().replace("-", "")[-12:]
+    marker = f"levers9-sleeps-{ws}"
+    started = started_event(ImageSpec(commands=[f"sleep 300; echo {marker}"]), "builder-test", set())
+    events: list[E.Event] = []
+
+    async def emit(event: E.Event) -> None:
+        events.append(event)
+
+    host = BuildHost(registry=registry, image_cache=IMAGE_CACHE, builder="builder-test", emit=emit)
+    task = asyncio.create_task(run_build(started, host))
+    deadline = time.monotonic() + 60
+    while not running_with(marker):  # the step's process runs (after the base is there)
+        assert time.monotonic() < deadline and not task.done(), events[-3:]
+        await asyncio.sleep(0.1)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert not running_with(marker), "the step's process outlived its build"
+    containers = subprocess.run(["buildah", "containers", "--format", "{{.ContainerName}}"], capture_output=True,
+                                text=True, check=True).stdout.split()
+    assert f"levers9-build-{started.image_id}" not in containers
+    failed = events[-1]
+    assert isinstance(failed, E.ImageBuildFailed) and failed.step == 1 and "stopped during the build" in failed.reason
+
+
+def running_with(marker: str) -> bool:
+    """Whether the step's shell runs (inside the container: not `buildah run … -- sh -c …`)."""
+    return subprocess.run(["pgrep", "-f", f"^[^ ]*sh -c .*{marker}"], capture_output=True).returncode == 0
