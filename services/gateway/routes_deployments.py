@@ -35,6 +35,7 @@ log = logging.getLogger("levers9.gateway")
 router = APIRouter()
 
 MAX_CODE_BYTES = 16 * 1024 * 1024
+BUILD_POOL = "build"  # the pool controller's builders (levers9.pool_controller.pools.BUILD_POOL)
 NAME_RE = re.compile(get_args(Name)[1].pattern)  # the spec's own rule for a name
 VERSION_TRIES = 20
 
@@ -53,7 +54,10 @@ def parse_spec(text: str | bytes) -> DeploymentSpec:
     if name is not None and not NAME_RE.fullmatch(name):
         raise InvalidSpec(f"endpoint name {name!r} is not valid: use lowercase letters, digits and '-' "
                           "(rename the function or pass name=...)")
-    return decode_spec(text)
+    spec = decode_spec(text)
+    if spec.pool == BUILD_POOL:
+        raise InvalidSpec(f"pool {BUILD_POOL!r} is the platform's image builders: deploy to another pool")
+    return spec
 
 
 def archive_problem(data: bytes, module: str) -> str:

@@ -50,10 +50,12 @@ class Running:
 
 def runner_env(spec: DeploymentSpec, secrets: dict[str, str], *, container_id: str, deployment_id: str,
                max_body_bytes: int) -> dict[str, str]:
-    """The container's environment: the spec's env, its secrets over it, then what the runner reads
-    (the runner's own settings win over both)."""
+    """The container's environment: its image's env (the archive holds files, not the image's
+    config), the spec's env over it, its secrets over that, then what the runner reads (the
+    runner's own settings win over all)."""
     code = spec.code
-    return {**spec.env, **secrets,
+    image_env = spec.image.env if spec.image else {}
+    return {**image_env, **spec.env, **secrets,
             "LEVERS9_RUNNER_MODULE": code.module, "LEVERS9_RUNNER_HANDLER": code.handler,
             "LEVERS9_RUNNER_KIND": code.kind, "LEVERS9_RUNNER_ON_START": code.on_start,
             "LEVERS9_RUNNER_CONCURRENCY": str(spec.scaling.concurrency),

@@ -237,7 +237,8 @@ class WorkerService(Service):
                                   env=runner_env(c.spec, await self.secret_env(c.workspace, c.spec.secrets),
                                                  container_id=c.container_id, deployment_id=c.deployment_id,
                                                  max_body_bytes=self.settings.max_body_bytes),
-                                  cpu_millicores=ev.resources.cpu_millicores, memory_mib=ev.resources.memory_mib)
+                                  cpu_millicores=ev.resources.cpu_millicores, memory_mib=ev.resources.memory_mib,
+                                  image=c.spec.image_ref)
         except Exception as exc:  # noqa: BLE001 - every failure becomes ContainerFailed with its reason
             log.exception("container %s could not start", c.container_id)
             await self.finish(c, Exit(None, f"could not start: {type(exc).__name__}: {exc}"), failed=True)

@@ -69,7 +69,7 @@ def run(coro):
 def test_up_reports_nine_healthy_components_and_writes_the_profile(stack_env):
     doc = json.loads(cli(stack_env, "status", "--json").stdout)
     names = [c["name"] for c in doc["components"]]
-    assert names == ["nats", "postgres", "s3", *SERVICES]
+    assert names == ["nats", "postgres", "s3", "registry", *SERVICES]
     assert all(c["healthy"] for c in doc["components"]), doc
     assert doc["gateway_url"].startswith("http://127.0.0.1:")
     profile = tomllib.loads((Path(stack_env["LEVERS9_HOME"]) / "config.toml").read_text())

@@ -57,12 +57,13 @@ def check_status(stack: Stack, urls: dict[str, str]) -> None:
     started = time.monotonic()
     comps = stack.status()
     assert time.monotonic() - started < 2
-    assert [c.name for c in comps] == ["nats", "postgres", "s3", *SERVICES]
+    assert [c.name for c in comps] == ["nats", "postgres", "s3", "registry", *SERVICES]
     by_name = {c.name: c for c in comps}
     assert by_name["nats"].url == urls["nats_url"]
     assert by_name["postgres"].url == urls["database_url"]
     assert by_name["s3"].url == urls["s3_endpoint"]
-    assert all(by_name[n].healthy and by_name[n].pid for n in ("nats", "postgres", "s3"))
+    assert by_name["registry"].url == urls["registry"]
+    assert all(by_name[n].healthy and by_name[n].pid for n in ("nats", "postgres", "s3", "registry"))
     assert all(not by_name[n].healthy and by_name[n].detail == "not running" for n in SERVICES)
 
 
@@ -154,9 +155,9 @@ def test_s3_put_get_with_the_settings_keys(servers):
 def test_lifecycle_keeps_data_and_leaves_nothing_running(tmp_path, own_stack):
     stack, said = own_stack()
     urls = stack.start_servers(said.append)
-    assert set(urls) == {"nats_url", "database_url", "s3_endpoint"}
+    assert set(urls) == {"nats_url", "database_url", "s3_endpoint", "registry"}
     state = json.loads((tmp_path / "state.json").read_text())
-    pids = {name: state["components"][name]["pid"] for name in ("nats", "postgres", "s3")}
+    pids = {name: state["components"][name]["pid"] for name in ("nats", "postgres", "s3", "registry")}
     assert all(alive(pid) for pid in pids.values())
 
     check_status(stack, urls)
@@ -166,7 +167,7 @@ def test_lifecycle_keeps_data_and_leaves_nothing_running(tmp_path, own_stack):
     state = stack.up(services=(), progress=said.append)  # a second `up` starts nothing
     assert {k: state[k] for k in urls} == urls
     assert {name: state["components"][name]["pid"] for name in pids} == pids
-    assert sum(": already running (pid" in m for m in said) == 3, said
+    assert sum(": already running (pid" in m for m in said) == 4, said
     assert said[-1] == "everything is already running; nothing started"
 
     stack.down()
@@ -223,17 +224,18 @@ def test_a_crashed_server_is_restarted_and_children_do_not_survive_down(tmp_path
 def test_external_servers_are_used_not_started(tmp_path, servers, own_stack):
     stack, said = own_stack(LEVERS9_NATS_URL=servers["nats_url"],
                             LEVERS9_DATABASE_URL=servers["database_url"],
-                            LEVERS9_S3_ENDPOINT=servers["s3_endpoint"])
+                            LEVERS9_S3_ENDPOINT=servers["s3_endpoint"],
+                            LEVERS9_REGISTRY=servers["registry"])
     urls = stack.start_servers(said.append)
-    assert urls == {k: servers[k] for k in ("nats_url", "database_url", "s3_endpoint")}
-    assert sum("using external" in m for m in said) == 3
+    assert urls == {k: servers[k] for k in ("nats_url", "database_url", "s3_endpoint", "registry")}
+    assert sum("using external" in m for m in said) == 4
     assert not list((tmp_path / "run").glob("*.pid"))
     assert not (tmp_path / "nats").exists() and not (tmp_path / "postgres").exists()
     comps = {c.name: c for c in stack.status()}
-    assert all(comps[n].healthy and comps[n].detail == "external" for n in ("nats", "postgres", "s3"))
+    assert all(comps[n].healthy and comps[n].detail == "external" for n in ("nats", "postgres", "s3", "registry"))
 
     stack.down()  # must leave the external servers alone
-    assert all(c.healthy for c in stack.status()[:3])
+    assert all(c.healthy for c in stack.status()[:4])
 
 
 def test_a_port_taken_meanwhile_is_a_clear_error_and_nothing_stays_up(tmp_path, servers, monkeypatch,
