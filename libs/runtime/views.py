@@ -365,7 +365,7 @@ def fold_build(row: dict, ev: E.Event, at: dt.datetime) -> dict:
         row["status"] = row.get("status") or "building"
         tail = (list(row.get("log_tail") or []) + list(ev.lines))[-LOG_TAIL_LINES:]
         states = dict(row.get("step_states") or {})
-        if ev.state != "log":
+        if ev.state not in ("log", "pushing"):  # pushing is the image's, not a step's
             states[str(ev.step)] = {"state": ev.state, "seconds": ev.seconds}
         return {**row, "log_tail": tail, "step_states": states}
     if isinstance(ev, E.ImagePushed):
