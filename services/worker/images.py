@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
+import hashlib
 import importlib.util
 import json
 import logging
@@ -295,9 +296,12 @@ class ImageMounts:
             raise ContainerError(f"image {ref.image_id}: fetching {what} from S3 failed: {_detail(r)}")
         return Path(r.json()["path"])
 
-    async def _index(self, ref: ImageRef, out: Path) -> ImageIndex:
-        """The image's index, checked against the ref, written to `out`."""
+    async def _index(self, ref: ImageRef, out: Path) -> ImageIndex | None:
+        """The image's index, checked against the ref, written to `out` (None: it was there, checked,
+        when a mount of it before wrote it: a new mount on a warm node starts ~0.1 s sooner)."""
         assert ref.archive is not None
+        if _hashes_to(out, ref.archive.index_sha256):  # checked when it was written here
+            return None
         path = await self._blob(ref, ref.archive.index_sha256, ref.archive.index_key, "its index")
         data = path.read_bytes()
         try:
@@ -320,6 +324,8 @@ class ImageMounts:
             return rootfs
         began = time.monotonic()
         index = await self._index(ref, idir / "index")
+        if index is None:
+            index = decode_index((idir / "index").read_bytes())
         archive = await self._blob(ref, ref.archive.sha256, ref.archive.key, "its archive")
         staging = idir / f".rootfs-{uuid.uuid4().hex[:8]}"
         try:
@@ -359,6 +365,14 @@ class ImageMounts:
             return [d for d in self.root.iterdir() if d.is_dir()]
         except FileNotFoundError:
             return []
+
+
+def _hashes_to(path: Path, sha256: str) -> bool:
+    try:
+        with open(path, "rb") as f:
+            return hashlib.file_digest(f, "sha256").hexdigest() == sha256
+    except OSError:
+        return False
 
 
 def _tail(path: Path, lines: int = 5) -> str:

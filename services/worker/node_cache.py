@@ -14,6 +14,7 @@ serves it on `LEVERS9_CACHE_PORT` (default 2050), the others use that one.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import logging
 import os
@@ -21,7 +22,7 @@ import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import AsyncIterator
+from typing import Any, AsyncIterator
 
 import httpx
 from fastapi import FastAPI, HTTPException, Request
@@ -67,6 +68,30 @@ class NodeCache:
         self.stats = {"hits": 0, "misses": 0, "evictions": 0, "fills_s3": 0, "fills_peer": 0, "refused": 0,
                       "bytes_filled": 0}
         self.locks: dict[str, asyncio.Lock] = {}
+        # one S3 client for the cache's life (making one per fill cost tens of ms, more than a chunk's
+        # transfer); per event loop, since a client belongs to the loop it was made in
+        self._s3: tuple[asyncio.AbstractEventLoop, asyncio.Task] | None = None
+        self._s3_exits: list[contextlib.AsyncExitStack] = []
+
+    async def s3(self) -> Any:
+        """This cache's S3 client (made on first use)."""
+        loop = asyncio.get_running_loop()
+        if self._s3 is None or self._s3[0] is not loop or (self._s3[1].done() and self._s3[1].exception()):
+            self._s3 = (loop, loop.create_task(self._open_s3()))
+        return await asyncio.shield(self._s3[1])
+
+    async def _open_s3(self) -> Any:
+        exits = contextlib.AsyncExitStack()
+        client = await exits.enter_async_context(s3_client(self.settings))
+        self._s3_exits.append(exits)
+        return client
+
+    async def close(self) -> None:
+        """Close the S3 client (the cache can still be used: a new one is made)."""
+        self._s3 = None
+        while self._s3_exits:
+            with contextlib.suppress(Exception):
+                await self._s3_exits.pop().aclose()
 
     def path(self, sha: str) -> Path:
         if not SHA_RE.fullmatch(sha):
@@ -157,11 +182,11 @@ class NodeCache:
 
     async def _from_s3(self, bucket: str, key: str, offset: int = 0, length: int = 0) -> AsyncIterator[bytes]:
         ranged = {"Range": f"bytes={offset}-{offset + length - 1}"} if length > 0 else {}
-        async with s3_client(self.settings) as c:
-            obj = await c.get_object(Bucket=bucket, Key=key, **ranged)
-            async with obj["Body"] as body:
-                while chunk := await body.read(1 << 20):
-                    yield chunk
+        c = await self.s3()
+        obj = await c.get_object(Bucket=bucket, Key=key, **ranged)
+        async with obj["Body"] as body:
+            while chunk := await body.read(1 << 20):
+                yield chunk
 
 
 def cache_app(cache: NodeCache) -> FastAPI:
