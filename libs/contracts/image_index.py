@@ -14,7 +14,7 @@ from typing import Literal
 import msgspec
 
 INDEX_VERSION = 1
-DEFAULT_CHUNK_SIZE = 1 << 20  # 4 MiB fetched 3x the bytes an import of scikit-learn reads, for no faster start
+DEFAULT_CHUNK_SIZE = 4 << 20  # 1 MiB fetched a third less, but its 2.6x more requests started slower
 
 Kind = Literal["d", "f", "l", "c", "b", "p", "s"]  # dir, regular, symlink, char/block device, fifo, socket
 

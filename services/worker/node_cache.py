@@ -33,6 +33,7 @@ from levers9.runtime.storage import s3_client
 
 log = logging.getLogger("levers9.node_cache")
 SHA_RE = re.compile(r"^[0-9a-f]{64}$")
+SCAN_EVERY_S = 5.0  # the blob dir is listed at most this often while it is well under its bound
 
 
 @dataclass(frozen=True)
@@ -68,6 +69,11 @@ class NodeCache:
         self.stats = {"hits": 0, "misses": 0, "evictions": 0, "fills_s3": 0, "fills_peer": 0, "refused": 0,
                       "bytes_filled": 0}
         self.locks: dict[str, asyncio.Lock] = {}
+        # bytes in the dir at the last listing plus what was stored since: listing it (a stat per
+        # blob) before and after every fill cost more than a small fill itself once it held
+        # thousands of image chunks
+        self.tally: int | None = None
+        self.scanned = 0.0
         # one S3 client for the cache's life (making one per fill cost tens of ms, more than a chunk's
         # transfer); per event loop, since a client belongs to the loop it was made in
         self._s3: tuple[asyncio.AbstractEventLoop, asyncio.Task] | None = None
@@ -111,9 +117,16 @@ class NodeCache:
         os.utime(path, (now, now))
 
     def make_room(self, incoming: int) -> None:
-        for sha in evict(self.entries(), self.max_bytes, incoming):
+        fresh = time.monotonic() - self.scanned < SCAN_EVERY_S
+        if self.tally is not None and fresh and self.tally + incoming <= self.max_bytes:
+            return
+        entries = self.entries()
+        self.tally, self.scanned = sum(e.size for e in entries), time.monotonic()
+        sizes = {e.sha256: e.size for e in entries}
+        for sha in evict(entries, self.max_bytes, incoming):
             (self.root / sha).unlink(missing_ok=True)
             self.stats["evictions"] += 1
+            self.tally -= sizes[sha]
 
     async def store(self, sha: str, chunks: AsyncIterator[bytes], size_hint: int = 0) -> Path:
         """Write chunks to a temp file, check the hash, then move into place."""
@@ -130,6 +143,8 @@ class NodeCache:
                 self.stats["refused"] += 1
                 raise HashMismatch(f"content hashes to {digest.hexdigest()}, not {sha}")
             tmp.replace(target)
+            if self.tally is not None:
+                self.tally += target.stat().st_size
         finally:
             tmp.unlink(missing_ok=True)
         self.make_room(0)

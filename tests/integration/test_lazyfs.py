@@ -49,7 +49,7 @@ def s3_settings(servers, image_cache: Path) -> Settings:
 def make_tree(root: Path) -> dict[str, bytes]:
     files = {"etc/motd": b"hello from the image\n", "usr/lib/python3/mod.py": b"X = 42\n" * 100,
              "usr/lib/big.so": os.urandom(5 * CHUNK + 123),  # spans 6 chunks
-             "var/unread.bin": os.urandom(64 * CHUNK), "empty": b""}  # past any readahead
+             "var/unread.bin": os.urandom(128 * CHUNK), "empty": b""}  # past any readahead
     for rel, data in files.items():
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
         (root / rel).write_bytes(data)
