@@ -125,6 +125,7 @@ class WorkerService(Service):
             return
         server.should_exit = True
         await task
+        await self.cache.close()  # its S3 client lives as long as the server
 
     async def prepare_and_register(self, stop: asyncio.Event) -> None:
         """Preparing runc's base root fs can take minutes the first time on a machine: health stays
