@@ -51,7 +51,9 @@ log = logging.getLogger("levers9.worker.images")
 MODE_ENV = "LEVERS9_IMAGE_MOUNT"
 MODES = ("lazy", "unpack")
 READY_TIMEOUT_S = 30.0
-UNMOUNT_GRACE_S = 10.0
+# a node keeps an image mounted this long after its last container: the next cold start of that
+# image (a scale-from-zero) then finds it mounted and its pages cached (LEVERS9_IMAGE_MOUNT_GRACE_S)
+UNMOUNT_GRACE_S = 300.0
 STOP_TIMEOUT_S = 5.0
 FETCH_TIMEOUT_S = 600.0  # a whole archive (unpack) may be gigabytes
 
@@ -103,8 +105,10 @@ def exit_words(returncode: int) -> str:
 
 class ImageMounts:
     def __init__(self, settings: Settings, cache_dir: Path, cache_url: str, mode: str | None = None,
-                 grace_s: float = UNMOUNT_GRACE_S) -> None:
+                 grace_s: float | None = None) -> None:
         self.settings = settings
+        if grace_s is None:
+            grace_s = float(os.environ.get("LEVERS9_IMAGE_MOUNT_GRACE_S") or UNMOUNT_GRACE_S)
         self.root = Path(settings.image_cache) / "images"
         self.cache_dir = Path(cache_dir)
         self.cache_url = cache_url.rstrip("/")

@@ -172,6 +172,9 @@ class WorkerService(Service):
             await self.builds.stop()
         for c in list(self.containers.values()):
             await self.stop_container(c, "worker stopping")
+        images = getattr(self.runtime, "images", None)  # the runc runtime's image mounts
+        if images is not None:  # no lazyfs server outlives its worker (mounts held by none)
+            await images.close()
         try:
             kv = await self.bus.heartbeats()
             await kv.delete(self.worker_id)
