@@ -103,13 +103,16 @@ class ProjectionStore:
             return 0
         applied = 0
         async with self.pool.acquire() as conn, conn.transaction():
-            # one round trip: the lock, the position, and no wait for the WAL flush at commit. The
-            # last is safe because rows and position commit together: a crash can only lose whole
-            # trailing batches, which are read again from the stored position.
-            pos = await conn.fetchval(
-                f"""SELECT (SELECT seq FROM {self.schema}.positions WHERE projection = $2)
-                    FROM (SELECT pg_advisory_xact_lock($1), set_config('synchronous_commit', 'off', true)) _""",
-                lock_key(self.lock_schema, projection.name), projection.name) or 0
+            # the lock, and no wait for the WAL flush at commit (safe: rows and position commit
+            # together, so a crash can only lose whole trailing batches, read again from the stored
+            # position). The position is read in a statement of its own, AFTER the lock is held: in
+            # one statement its snapshot would predate the lock wait, and a writer of the same
+            # projection in another process (two workers of a node, two replicas) that committed
+            # meanwhile would have its batch applied a second time.
+            await conn.execute("SELECT pg_advisory_xact_lock($1), set_config('synchronous_commit', 'off', true)",
+                               lock_key(self.lock_schema, projection.name))
+            pos = await conn.fetchval(f"SELECT seq FROM {self.schema}.positions WHERE projection = $1",
+                                      projection.name) or 0
             last = pos
             fresh = [d for d in deliveries if d.seq > pos]  # the rest: already applied (redelivery, replay)
             if fresh:
