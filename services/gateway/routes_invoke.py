@@ -97,6 +97,10 @@ async def resolve(gw: GatewayState, workspace: str, name: str, rest: str) -> tup
     return dep, target.rest
 
 
+STOPPING_HEADER = "X-Levers9-Stopping"  # levers9.runner.server.STOPPING_HEADER
+STOPPING_RETRIES = 3
+
+
 async def invoke(gw: GatewayState, request: Request, caller: Caller, name: str, rest: str) -> Response:
     dep, subpath = await resolve(gw, caller.workspace, name, rest)
     length = int(request.headers.get("content-length") or 0)
@@ -113,16 +117,25 @@ async def invoke(gw: GatewayState, request: Request, caller: Caller, name: str, 
         await gw.publish(event, caller.workspace, correlation)
         return event.container_id
 
-    try:
-        slot = await router_.acquire(timeout, request_container)
-    except NoCapacity as exc:
-        return JSONResponse({"detail": f"no capacity: {exc}", "correlation_id": correlation}, status_code=503,
-                            headers={"Retry-After": "5"})
-    except StartFailed as exc:
-        return JSONResponse({"detail": f"the container for {name!r} failed to start: {exc}",
-                             "correlation_id": correlation}, status_code=502)
-    return await proxy.forward(gw.session, request, slot.address, subpath, timeout, gw.settings.max_body_bytes,
-                               router_, slot)
+    # a container that began stopping between being chosen and being reached answers 503 with
+    # STOPPING_HEADER and reads no call: it is dropped from the router and the call goes to another
+    # one (a sized body is kept by Starlette and sent again; a streamed one cannot be)
+    replayable = "transfer-encoding" not in request.headers
+    for _attempt in range(1 + (STOPPING_RETRIES if replayable else 0)):
+        try:
+            slot = await router_.acquire(timeout, request_container)
+        except NoCapacity as exc:
+            return JSONResponse({"detail": f"no capacity: {exc}", "correlation_id": correlation}, status_code=503,
+                                headers={"Retry-After": "5"})
+        except StartFailed as exc:
+            return JSONResponse({"detail": f"the container for {name!r} failed to start: {exc}",
+                                 "correlation_id": correlation}, status_code=502)
+        response = await proxy.forward(gw.session, request, slot.address, subpath, timeout,
+                                       gw.settings.max_body_bytes, router_, slot)
+        if response.status_code != 503 or STOPPING_HEADER.lower() not in response.headers:
+            break
+        await router_.update(slot.container_id, "stopping")
+    return response
 
 
 @router.api_route("/endpoint/{name}", methods=METHODS)

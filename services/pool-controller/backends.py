@@ -53,7 +53,9 @@ class LocalBackend(Backend):
                "LEVERS9_HTTP_PORT": str(_free_port()), "LEVERS9_HOME": str(self.home),
                "LEVERS9_WORKER_CPU_MILLICORES": str(pool.worker_cpu_millicores),
                "LEVERS9_WORKER_MEMORY_MIB": str(pool.worker_memory_mib),
-               "LEVERS9_WORKER_CRIU": "auto" if pool.criu else "off"}
+               "LEVERS9_WORKER_CRIU": "auto" if pool.criu else "off",
+               # `levers9 up` restarting its own worker leaves this one alone (levers9.stack MANAGED_ENV)
+               "LEVERS9_WORKER_MANAGED_BY": "pool-controller"}
         logs = self.home / "logs"
         logs.mkdir(parents=True, exist_ok=True)
         with (logs / f"worker-{worker_id}.log").open("ab") as log:

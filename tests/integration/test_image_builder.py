@@ -108,9 +108,11 @@ async def sh(*cmd: str) -> str:
 
 
 async def fake_builder(svc, ws: str, worker_id: str, registry: str, layout: Path, seen: list) -> None:
-    """Answers each ImageBuildStarted given to `worker_id` as a build worker would: push, ImagePushed."""
-    sub = await svc.bus.js.subscribe(subjects.filter_subject(workspace=ws, aggregate="image",
-                                                             event_type="ImageBuildStarted"), ordered_consumer=True)
+    """Answers each ImageBuildStarted given to `worker_id` as a build worker would: push, ImagePushed.
+    In every workspace: the session's log may hold other tests' requests, older than this test's,
+    and the image-builder gives them to this builder first (oldest first, as it should)."""
+    sub = await svc.bus.js.subscribe(subjects.filter_subject(aggregate="image", event_type="ImageBuildStarted"),
+                                     ordered_consumer=True)
     try:
         while True:
             try:
@@ -130,7 +132,8 @@ async def fake_builder(svc, ws: str, worker_id: str, registry: str, layout: Path
                            f"docker://{registry}/{ref}")
             await svc.bus.publish(envelope(E.ImagePushed(
                 image_id=ev.image_id, builder=worker_id, registry=registry, reference=ref, digest=out.strip(),
-                step_hashes=[s.hash for s in ev.steps]), workspace=ws, correlation_id=m.envelope.correlation_id))
+                step_hashes=[s.hash for s in ev.steps]), workspace=m.envelope.workspace,
+                correlation_id=m.envelope.correlation_id))
     finally:
         await sub.unsubscribe()
 

@@ -22,6 +22,7 @@ from levers9.runner.runtime import Runtime, log
 HEALTH_PATH = "/_levers9/health"
 STATUS_PATH = "/_levers9/status"
 INTERNAL_PREFIX = "/_levers9/"
+STOPPING_HEADER = "X-Levers9-Stopping"  # on the 503 of a container that is stopping
 
 
 class Handler(http.server.BaseHTTPRequestHandler):
@@ -62,7 +63,9 @@ class Handler(http.server.BaseHTTPRequestHandler):
             return self.internal(url.path)
         if rt.state == "stopping":
             self.drain_body()
-            return self.send_json(503, {"error": "the container is stopping: retry on another one"}, close=True)
+            # the header tells the gateway it may send the call to another container
+            return self.send_json(503, {"error": "the container is stopping: retry on another one"}, close=True,
+                                  extra=[(STOPPING_HEADER, "1")])
         started = time.monotonic()
         rt.begin()
         self.status_sent = 0
@@ -165,9 +168,10 @@ class Handler(http.server.BaseHTTPRequestHandler):
         self.end_headers()
         self.status_sent = status
 
-    def send_json(self, status: int, doc: Any, close: bool = False, encoded: bytes | None = None) -> None:
+    def send_json(self, status: int, doc: Any, close: bool = False, encoded: bytes | None = None,
+                  extra: list[tuple[str, str]] | None = None) -> None:
         data = encoded if encoded is not None else json.dumps(doc).encode()
-        headers = [("Content-Type", "application/json"), ("Content-Length", str(len(data)))]
+        headers = [("Content-Type", "application/json"), ("Content-Length", str(len(data))), *(extra or [])]
         if close:
             self.close_connection = True
             headers.append(("Connection", "close"))

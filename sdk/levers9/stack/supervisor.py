@@ -48,6 +48,7 @@ from .procs import (
 LAUNCHERS: dict[str, Server] = {s.name: s for s in (nats_server.SERVER, postgres.SERVER, s3.SERVER,
                                                    registry.SERVER)}
 OPTIONAL_SERVERS = ("registry",)
+MANAGED_ENV = "LEVERS9_WORKER_MANAGED_BY"  # set on the workers a pool controller starts
 BOOT_ORDER = ("s3", "nats", "postgres", "registry")  # the slowest to boot (S3, ~4 s) first: all boot at once
 
 
@@ -117,8 +118,10 @@ class Stack:
             self.pid_path(name).unlink(missing_ok=True)
         return pid
 
-    def _strays(self, names: tuple[str, ...]) -> list[psutil.Process]:
-        """Live processes of this home that no pid file names (pid file lost, or a crash)."""
+    def _strays(self, names: tuple[str, ...], managed: bool = True) -> list[psutil.Process]:
+        """Live processes of this home that no pid file names (pid file lost, or a crash). With
+        managed=False, not the workers a pool controller started (they are its, not strays of
+        `up`'s own worker; `down` stops them too)."""
         markers = {LAUNCHERS[n].marker(self.home) for n in names if n in LAUNCHERS}
         services = {n for n in names if n not in LAUNCHERS}
         skip = ancestors()
@@ -127,20 +130,20 @@ class Stack:
             if proc.pid in skip:
                 continue
             args = proc.info["cmdline"] or []
-            if any(m in args for m in markers) or (services and self._service_of(proc) in services):
+            if any(m in args for m in markers) or (services and self._service_of(proc, managed) in services):
                 found.append(proc)
         return found
 
-    def _service_of(self, proc: psutil.Process) -> str | None:
+    def _service_of(self, proc: psutil.Process, managed: bool = True) -> str | None:
         with contextlib.suppress(psutil.Error):
             env = proc.environ()
-            if env.get("LEVERS9_HOME") == str(self.home):
+            if env.get("LEVERS9_HOME") == str(self.home) and (managed or not env.get(MANAGED_ENV)):
                 return env.get("LEVERS9_SERVICE")
         return None
 
     def _stop_strays(self, name: str, progress: Progress) -> None:
         sig, timeout = self._stop_how(name)
-        for proc in self._strays((name,)):
+        for proc in self._strays((name,), managed=False):
             progress(f"{name}: stopping pid {proc.pid} left from an earlier run without a pid file")
             terminate(proc.pid, sig, timeout)
 
