@@ -143,6 +143,24 @@ async def test_projection_applies_every_event_once_and_redelivery_changes_nothin
     assert dict(await pool.fetch(f"SELECT container_id, n FROM {store.schema}.counts")) == counts
 
 
+async def test_two_processes_writing_one_projection_apply_each_event_once(bus, pool):
+    """Two stores on one schema (two workers of a node, two replicas) applying overlapping batches at
+    once: the second to get the lock must see the first's position, not the one from before its wait."""
+    ws = new_ws()
+    proj = Counting(ws)
+    first = await store_for(pool, proj)
+    second = ProjectionStore(pool, first.schema, [proj])
+    for i in range(200):
+        await bus.publish(envelope(E.ContainerRequested(container_id=f"c{i % 10}"), workspace=ws))
+    from levers9.runtime.consumer import to_delivery
+    from levers9.runtime.reader import read
+    deliveries = [to_delivery(m) async for msgs in read(bus, proj.filter_subjects) for m in msgs]
+    batches = [deliveries[i:i + 20] for i in range(0, len(deliveries), 10)]  # each overlaps the next
+    await asyncio.gather(*(store.apply_batch(proj, batch) for batch in batches for store in (first, second)))
+    counts = dict(await pool.fetch(f"SELECT container_id, n FROM {first.schema}.counts"))
+    assert counts == {f"c{i}": 20 for i in range(10)}
+
+
 async def _at(store, proj, seq) -> bool:
     return await store.position(proj) >= seq
 
