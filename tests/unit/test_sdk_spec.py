@@ -103,7 +103,8 @@ def valid_options(draw: st.DrawFn) -> dict[str, Any]:
     maybe("memory", memories)
     maybe("gpu", st.one_of(st.sampled_from(GPU_TYPES), st.lists(st.sampled_from(GPU_TYPES), min_size=1)))
     maybe("gpu_count", st.integers(min_value=1 if opts.get("gpu") else 0, max_value=S.MAX_GPUS))
-    maybe("image", st.builds(Image, python_packages=st.lists(packages, max_size=3), commands=st.lists(texts, max_size=3),
+    maybe("image", st.builds(Image, python_packages=st.lists(packages, max_size=3),
+                             commands=st.lists(texts.filter(lambda c: "\x00" not in c), max_size=3),
                              base_image=st.sampled_from([None, "python:3.12-slim", "localhost:5000/team/base:1"])))
     maybe("keep_warm_seconds", st.integers(min_value=0, max_value=86_400))
     maybe("min_containers", st.integers(min_value=0, max_value=100))
