@@ -196,7 +196,8 @@ async def archived_and_built(svc, ws: str, worker_id: str, registry: str, tmp_pa
     finally:
         task.cancel()
     [started] = [s for s in seen if s.image_id == image]  # the fake may have answered other tests' builds
-    assert started.steps == build_steps(blueprint) and started.attempt == 1 and started.cached_steps == 0
+    # only the base can be cached already (another test of the session built on it): the rest is new
+    assert started.steps == build_steps(blueprint) and started.attempt == 1 and started.cached_steps <= 1
     built = events[-1]
     assert isinstance(built, E.ImageBuilt) and built.archive is not None and built.size_bytes == sum(
         len(v) for v in files.values())
