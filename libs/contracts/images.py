@@ -24,6 +24,9 @@ PLATFORM_BASE = "levers9/base:bookworm-python3-base"
 IMAGE_REPOSITORY = "levers9/images"  # built images: <registry>/levers9/images:<image id>
 CACHE_REPOSITORY = "levers9/cache"  # one tag per step: <registry>/levers9/cache:<step hash>
 ID_PREFIX = "im-"
+# the pool whose workers build images: the pool controller keeps it, the image-builder gives it
+# builds, the gateway refuses deployments to it
+BUILD_POOL = "build"
 
 StepKind = Literal["base", "apt", "pip", "run"]
 

@@ -21,6 +21,7 @@ from fastapi import APIRouter, File, Form, HTTPException, Request, UploadFile
 
 from levers9.contracts import envelope
 from levers9.contracts import events as E
+from levers9.contracts.images import BUILD_POOL
 from levers9.contracts.spec import DeploymentSpec, InvalidSpec, Name, decode_spec
 from levers9.runtime.bus import ConcurrencyConflict
 from levers9.runtime.storage import ensure_bucket, s3_client, workspace_bucket
@@ -35,7 +36,6 @@ log = logging.getLogger("levers9.gateway")
 router = APIRouter()
 
 MAX_CODE_BYTES = 16 * 1024 * 1024
-BUILD_POOL = "build"  # the pool controller's builders (levers9.pool_controller.pools.BUILD_POOL)
 NAME_RE = re.compile(get_args(Name)[1].pattern)  # the spec's own rule for a name
 VERSION_TRIES = 20
 

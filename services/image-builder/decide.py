@@ -13,10 +13,9 @@ import datetime as dt
 from dataclasses import dataclass
 from typing import AbstractSet, Sequence
 
-from levers9.contracts.images import BuildStep, build_steps, cached_prefix
+from levers9.contracts.images import BUILD_POOL, BuildStep, build_steps, cached_prefix
 from levers9.contracts.spec import ImageSpec
 
-BUILD_POOL = "build"
 WAIT_FOR_BUILDER_S = 600.0  # a build nobody can take fails after this, saying why
 BUILD_TIMEOUT_S = 3600.0  # a builder that stays silent this long is not coming back with an image
 MAX_ATTEMPTS = 3  # builders lost in the middle of one build before it fails

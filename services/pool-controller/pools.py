@@ -19,6 +19,8 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from levers9.contracts.images import BUILD_POOL
+
 
 @dataclass(frozen=True)
 class PoolConfig:
@@ -50,7 +52,6 @@ class Delta:
 
 
 ALIVE = {"provisioning", "registered", "ready"}
-BUILD_POOL = "build"
 # one warm builder, one at most: builds queue on it (one at a time) rather than each taking a machine;
 # no checkpoints there (a build is not restored)
 DEFAULT_BUILD_POOL = PoolConfig(BUILD_POOL, min_warm=1, max_workers=1, criu=False)

@@ -336,9 +336,6 @@ class Build:
 
 # ---- the build consumer of a build-pool worker ------------------------------------------------------
 
-BUILD_POOL = "build"  # a worker of this pool builds images (the pool controller keeps it)
-
-
 class Builds:
     """A build worker's builds: consumes every ImageBuildStarted (any workspace), acts on those given
     to this worker, one build at a time in the order they came; the consumer never waits on a build.

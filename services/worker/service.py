@@ -37,6 +37,7 @@ from fastapi import FastAPI
 import levers9
 from levers9.contracts import SYSTEM_WORKSPACE, envelope, subjects
 from levers9.contracts import events as E
+from levers9.contracts.images import BUILD_POOL
 from levers9.runtime.consumer import Delivery, WorkConsumer
 from levers9.runtime.secrets import decrypt
 from levers9.runtime.service import Service
@@ -44,7 +45,7 @@ from levers9.runtime.tasks import spawn
 from levers9.runtime.views import CheckpointsView, ContainersView, DeploymentsView, SecretsView, WorkersView
 
 from . import checkpointing
-from .builder import BUILD_POOL, Builds
+from .builder import Builds
 from .container import ContainerSpec, Exit, Runtime, Started
 from .idle import should_stop_idle
 from .node_cache import NodeCache, cache_app
