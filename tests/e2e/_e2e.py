@@ -5,6 +5,10 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
+import tomllib
+from pathlib import Path
+
+import httpx
 
 
 def cli(env: dict, *args: str, timeout: float = 900, check: bool = True) -> subprocess.CompletedProcess:
@@ -25,3 +29,10 @@ def wait_until(fn, timeout: float = 30.0, every: float = 0.2):
             return value
         time.sleep(every)
     raise AssertionError("condition not reached in time")
+
+
+def api(env: dict, method: str, path: str, **kw) -> httpx.Response:
+    """A gateway call with the profile's token, as a user's HTTP client makes it."""
+    p = tomllib.loads((Path(env["LEVERS9_HOME"]) / "config.toml").read_text())
+    return httpx.request(method, p["gateway_url"] + path, headers={"Authorization": f"Bearer {p['token']}"},
+                         timeout=kw.pop("timeout", 180), **kw)

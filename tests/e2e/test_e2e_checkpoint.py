@@ -8,12 +8,10 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import tomllib
 from pathlib import Path
 
-import httpx
 import pytest
-from _e2e import cli, wait_until
+from _e2e import api, cli, wait_until
 from aiobotocore.session import get_session
 
 pytestmark = pytest.mark.slow
@@ -44,12 +42,6 @@ def env(tmp_path_factory):
         yield e
     finally:
         cli(e, "down", check=False)
-
-
-def api(env: dict, method: str, path: str, **kw) -> httpx.Response:
-    p = tomllib.loads((Path(env["LEVERS9_HOME"]) / "config.toml").read_text())
-    return httpx.request(method, p["gateway_url"] + path, headers={"Authorization": f"Bearer {p['token']}"},
-                         timeout=kw.pop("timeout", 180), **kw)
 
 
 def checkpoints(env) -> list[dict]:

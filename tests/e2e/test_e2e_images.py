@@ -12,14 +12,12 @@ import os
 import re
 import subprocess
 import time
-import tomllib
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import httpx
 import pytest
-from _e2e import cli, wait_until
+from _e2e import api, cli, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -41,12 +39,6 @@ def env(tmp_path_factory):
         yield e
     finally:
         cli(e, "down", check=False)
-
-
-def api(env: dict, method: str, path: str, **kw) -> httpx.Response:
-    p = tomllib.loads((Path(env["LEVERS9_HOME"]) / "config.toml").read_text())
-    return httpx.request(method, p["gateway_url"] + path, headers={"Authorization": f"Bearer {p['token']}"},
-                         timeout=kw.pop("timeout", 180), **kw)
 
 
 def fuse_mounts() -> list[str]:
