@@ -154,6 +154,7 @@ class Traffic:
     calls: list[float] = field(default_factory=list)  # latencies, s
     errors: list[str] = field(default_factory=list)
     statuses: list[int] = field(default_factory=list)  # exit codes of `levers9 status`
+    unhealthy: list[str] = field(default_factory=list)  # what each failing `levers9 status` printed
     stop: threading.Event = field(default_factory=threading.Event)
 
     def start(self) -> "Traffic":
@@ -186,6 +187,8 @@ class Traffic:
             r = subprocess.run([sys.executable, "-m", "levers9", "status", "--json"], env=self.env,
                                capture_output=True, text=True, timeout=60)
             self.statuses.append(r.returncode)
+            if r.returncode:
+                self.unhealthy.append(r.stdout[-2000:] + r.stderr[-2000:])
 
     def summary(self) -> str:
         lat = sorted(self.calls)

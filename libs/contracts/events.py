@@ -7,7 +7,7 @@ the body; bump it only with an upcaster in upcasting.py. Adding a field with a d
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal, Union
+from typing import Any, ClassVar, Literal, Union
 
 import msgspec
 
@@ -86,6 +86,7 @@ class ContainerRequested(Event, frozen=True, kw_only=True):
     attempt: int = 1  # > 1 when re-requested after its worker was lost
     excluded_workers: list[str] = []
     note: str = ""  # why it starts cold, when it does (shown by `levers9 containers list`)
+    imports: list[str] = []  # a function's top-level imports (the client's ast), for the checkpoint choice
 
     @property
     def checkpoint_id(self) -> str:
@@ -107,6 +108,7 @@ class ContainerScheduled(Event, frozen=True, kw_only=True):
     spec: DeploymentSpec | None = None
     checkpoint: CheckpointRef | None = None  # restore this one; None: start cold
     note: str = ""
+    choice: dict[str, Any] = {}  # a function sandbox's start, as the cost model chose it: estimate, runner-up
 
     @property
     def checkpoint_id(self) -> str:
@@ -416,6 +418,67 @@ class SecretDeleted(Event, frozen=True, kw_only=True):
     name: str
 
 
+# ---- shared pre-import checkpoints ---------------------------------------------------------------
+
+class CatalogueBuilt(Event, frozen=True, kw_only=True):
+    """A catalogue of shared pre-import checkpoints (levers9.contracts.catalogue) is stored in S3;
+    the newest one of a flavor replaces the one before."""
+    AGGREGATE = "catalogue"
+    ID_FIELD = "catalogue_id"
+    SYSTEM = True
+    catalogue_id: str
+    flavor: str = "cpu"
+    image_id: str = ""
+    bucket: str
+    key: str
+    sha256: str
+    checkpoints: list[str] = []
+
+
+class WorkerCatalogueChecked(Event, frozen=True, kw_only=True):
+    """Which of a catalogue's checkpoints this worker can restore, and why it dropped the others
+    (sandbox settings that differ from those they were captured with)."""
+    AGGREGATE = "worker"
+    ID_FIELD = "worker_id"
+    SYSTEM = True
+    worker_id: str
+    catalogue_id: str
+    restorable: list[str] = []
+    dropped: dict[str, str] = {}  # checkpoint id -> why
+
+
+# ---- function calls ----------------------------------------------------------------------------
+
+class FunctionCallStarted(Event, frozen=True, kw_only=True):
+    """One attempt of a Python function call began in a sandbox. Never its arguments."""
+    AGGREGATE = "call"
+    ID_FIELD = "call_id"
+    call_id: str
+    deployment_id: str
+    function: str  # app.name
+    token_id: str = ""  # the caller's token
+    attempt: int = 1
+    container_id: str = ""
+    mode: str = "call"  # call | spawn | rest
+    session_id: str = ""
+
+
+class FunctionCallFinished(Event, frozen=True, kw_only=True):
+    """How one attempt ended. Never its result: `outcome` is ok | error | timeout | cancelled |
+    failed (a platform failure: the sandbox died, no capacity), with the exception's type or the reason."""
+    AGGREGATE = "call"
+    ID_FIELD = "call_id"
+    call_id: str
+    deployment_id: str
+    function: str
+    attempt: int = 1
+    outcome: str
+    duration_ms: float = 0.0
+    error_type: str = ""
+    reason: str = ""
+    retrying: bool = False
+
+
 AnyEvent = Union[
     DeploymentCreated, DeploymentStopped, DeploymentDeleted, DeploymentCheckpointClaimed,
     ContainerRequested, ContainerScheduled, PlacementDeferred, ContainerStarted, ContainerReady,
@@ -426,6 +489,7 @@ AnyEvent = Union[
     ImageBuildRequested, ImageBuildStarted, ImageBuildProgress, ImagePushed, ImageBuilt, ImageBuildFailed,
     ImageDeleted,
     TokenCreated, TokenRevoked, SecretSet, SecretDeleted,
+    FunctionCallStarted, FunctionCallFinished, CatalogueBuilt, WorkerCatalogueChecked,
 ]
 
 EVENT_TYPES: dict[str, type[Event]] = {cls.__name__: cls for cls in AnyEvent.__args__}  # type: ignore[attr-defined]

@@ -17,6 +17,7 @@ Name = Annotated[str, Meta(pattern=r"^[a-z0-9][a-z0-9-]{0,62}$")]  # URL path, s
 PoolName = Annotated[str, Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]{0,62}$")]
 Identifier = Annotated[str, Meta(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]
 OptionalIdentifier = Annotated[str, Meta(pattern=r"^([A-Za-z_][A-Za-z0-9_]*)?$")]
+ModuleName = Annotated[str, Meta(pattern=r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$", max_length=200)]
 EnvName = Annotated[str, Meta(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")]
 GpuType = Annotated[str, Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,31}$")]
 
@@ -50,13 +51,21 @@ class Scaling(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class Code(msgspec.Struct, frozen=True, kw_only=True):
-    """The user's code: a module of the uploaded archive and the function (or ASGI app) in it."""
-    kind: Literal["endpoint", "asgi"] = "endpoint"
-    module: Identifier
-    handler: Identifier
+    """The user's code: a module of the uploaded archive and the function (or ASGI app) in it. A
+    function sandbox for ad-hoc calls (kind "function", no archive) names no module: each call
+    brings its function pickled."""
+    kind: Literal["endpoint", "asgi", "function"] = "endpoint"
+    module: OptionalIdentifier
+    handler: OptionalIdentifier
     on_start: OptionalIdentifier = ""
     sha256: str = ""  # the archive (tar.gz) in the workspace's bucket; filled in by the gateway
     key: str = ""
+
+    def __post_init__(self) -> None:
+        if self.kind != "function" and not (self.module and self.handler):
+            raise ValueError(f"a {self.kind} needs its module and handler")
+        if self.kind == "function" and self.key and not (self.module and self.handler):
+            raise ValueError("a deployed function needs its module and handler")
 
 
 # a pip requirement (`name`, `name==1.2`, `name[extra]>=2; python_version>"3"`) or a URL; never an
@@ -100,6 +109,17 @@ class ImageRef(msgspec.Struct, frozen=True, kw_only=True):
     archive: ArchiveRef | None = None
 
 
+class FunctionOptions(msgspec.Struct, frozen=True, kw_only=True):
+    """What a Python function's sandbox adds to a deployment: retries, extra packages, and the
+    executor protocol generation it speaks (levers9.executor.wire.GENERATION)."""
+    retries: Annotated[int, Meta(ge=0, le=10)] = 0
+    packages: list[PythonPackage] = []  # pip-installed per sandbox when the image lacks them
+    generator: bool = False
+    executor_generation: Annotated[int, Meta(ge=1)] = 1
+    shared_checkpoints: bool = True  # False: never start from the platform's shared pre-import checkpoints
+    preload: list[ModuleName] = []  # imported when the sandbox starts, before it is ready (a checkpoint holds them)
+
+
 class DeploymentSpec(msgspec.Struct, frozen=True, kw_only=True):
     name: Name
     app_name: str = ""
@@ -113,6 +133,8 @@ class DeploymentSpec(msgspec.Struct, frozen=True, kw_only=True):
     env: dict[EnvName, str] = {}
     checkpoint_enabled: bool = False
     pool: PoolName = "default"
+    function: FunctionOptions | None = None  # code.kind "function" only
+
 
 
 class CheckpointRef(msgspec.Struct, frozen=True, kw_only=True):

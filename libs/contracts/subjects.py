@@ -13,7 +13,7 @@ ROOT = "levers9"
 STREAM = "LEVERS9"
 DLQ_STREAM = "LEVERS9_DLQ"
 DLQ_ROOT = "levers9dlq"
-AGGREGATES = ("deployment", "container", "worker", "pool", "checkpoint", "image", "token", "secret")
+AGGREGATES = ("deployment", "container", "worker", "pool", "checkpoint", "image", "token", "secret", "call", "catalogue")
 
 
 @dataclass(frozen=True)

@@ -42,6 +42,15 @@ class Settings:
     worker_token: str = ""
     worker_criu: str = "auto"  # auto | on | off: checkpoint/restore on this worker (the pool's `criu`)
     cache_port: int = 2050  # the node content cache
+    relay_port: int = 0  # the worker's executor relay (function sandboxes); 0: any free port
+    grpc_port: int = 0  # the gateway's gRPC for function calls; 0: any free port (GET /api/v1/functions/info)
+    sandbox_python: str = "3.11"  # the platform base image's python3 (Debian 12); function clients must match
+    grpc_tls_cert: str = ""  # PEM files: the gateway's gRPC serves TLS when both are set
+    grpc_tls_key: str = ""
+    session_idle_seconds: int = 300
+    # shared pre-import checkpoints captured with other sandbox settings than this worker's: "drop"
+    # them (and say why), "keep" them anyway (a restore may then fail and start cold), or "off"
+    worker_shared_checkpoints: str = "drop"  # a function session's sandbox stops after this long without a call
     cache_max_bytes: int = 20 * 1024 ** 3  # the token the pool controller gave this worker alone
     runtime: str = "auto"  # auto | runc | process
     bridge_name: str = "levers9br0"

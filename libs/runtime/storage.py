@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
+from aiobotocore.config import AioConfig
 from aiobotocore.session import AioSession, get_session
 
 from .config import Settings
@@ -22,11 +23,14 @@ def _session() -> AioSession:
     return get_session()
 
 
-def s3_client(settings: Settings) -> Any:
-    """An aiobotocore S3 client context manager (`async with s3_client(s) as client:`)."""
+def s3_client(settings: Settings, presign: bool = False) -> Any:
+    """An aiobotocore S3 client context manager (`async with s3_client(s) as client:`). `presign`:
+    for presigned URLs, signed with SigV4 (whose query signature covers only the host, so a plain
+    HTTP client's own headers do not break it)."""
+    config = AioConfig(signature_version="s3v4") if presign else None
     return _session().create_client(
         "s3", endpoint_url=settings.s3_endpoint, aws_access_key_id=settings.s3_access_key,
-        aws_secret_access_key=settings.s3_secret_key, region_name=settings.s3_region)
+        aws_secret_access_key=settings.s3_secret_key, region_name=settings.s3_region, config=config)
 
 
 async def ensure_bucket(client: Any, bucket: str) -> None:

@@ -1,5 +1,5 @@
-"""The SDK: `App`, its `@app.endpoint` and `@app.asgi` decorators, `Image`, `Secret`, and
-`load_app_file`, which reads the specs the gateway receives out of a user's .py file.
+"""The SDK: `App`, its `@app.endpoint`, `@app.asgi` and `@app.function` decorators, `Image`,
+`Secret`, and `load_app_file`, which reads the specs the gateway receives out of a user's .py file.
 
 A spec is plain JSON of `levers9.contracts.spec.DeploymentSpec` (code, resources in millicores and
 MiB, scaling, ...) holding the options that were passed; the gateway decodes it and fills in the
@@ -46,7 +46,7 @@ __all__ = ["App", "ConfigError", "Image", "Secret", "load_app_file", "parse_cpu"
 # the top-level keys of DeploymentSpec, the ones a spec may have (image_ref is the gateway's: the SDK
 # never sends it)
 SPEC_KEYS = ("name", "app_name", "code", "image", "image_ref", "resources", "scaling", "timeout_seconds", "secrets",
-             "env", "checkpoint_enabled", "pool")
+             "env", "checkpoint_enabled", "pool", "function")
 
 # ---- App -----------------------------------------------------------------------------------------
 
@@ -82,6 +82,39 @@ class App:
     def __repr__(self) -> str:
         return f"App({self.name!r}, endpoints={[r.spec['name'] for r in self._registrations]})"
 
+    def function(self, func: Callable[..., Any] | None = None, /, *, retries: Any = 0, packages: Any = None,
+                 shared_checkpoints: Any = True, preload: Any = None, **options: Any) -> Any:
+        """A Python function run in a sandbox: returns a `levers9.Function` (calling it runs it
+        here; .remote/.map/.starmap/.spawn/.remote_gen run it remotely); `levers9 deploy` deploys it.
+
+        Options: those of @app.endpoint except on_start, plus retries (attempts after the first,
+        0-10), packages (pip requirements installed in the sandbox when the image lacks them) and
+        shared_checkpoints (False: never start from the platform's shared pre-import checkpoints) and
+        preload (modules imported when the sandbox starts, so a checkpoint of it holds them).
+        """
+        from levers9.functions import function_options, make_function
+
+        if "on_start" in options:
+            raise ConfigError("@app.function takes no on_start: load what the function needs at the top of its "
+                              "module, or inside it")
+
+        def register(obj: Any) -> Any:
+            generator = inspect.isgeneratorfunction(obj)
+            extra = function_options(retries, packages, generator, shared_checkpoints, preload)
+            registration = self._register("function", obj, function=extra, **options)
+            fn = make_function(obj, self.name, registration.spec)
+            registration.obj = fn  # what the module holds: load_app_file finds it by name
+            return fn
+
+        return register(func) if func is not None else register
+
+    def session(self) -> Any:
+        """`with app.session():` the calls of this app's functions in the block share one sandbox
+        (one session id); it is ended when the block ends."""
+        from levers9.functions import Session
+
+        return Session(self.name)
+
     def endpoint(self, func: Callable[..., Any] | None = None, /, **options: Any) -> Any:
         """Deploy a function as an HTTP endpoint: the JSON body's fields become its keyword arguments.
 
@@ -109,7 +142,7 @@ class App:
                   keep_warm_seconds: Any = UNSET, min_containers: Any = UNSET, max_containers: Any = UNSET,
                   concurrency: Any = UNSET, timeout: Any = UNSET, secrets: Any = None, env: Any = None,
                   on_start: Callable[..., Any] | None = None, checkpoint_enabled: Any = UNSET,
-                  pool: Any = UNSET) -> None:
+                  pool: Any = UNSET, function: Any = UNSET) -> _Registration:
         """Check the options and keep the spec: only what was passed (and what the SDK works out),
         so DeploymentSpec's defaults apply to the rest."""
         handler, name = self._names(kind, obj, name)
@@ -132,8 +165,11 @@ class App:
             "env": env_vars(env) if env is not None else UNSET,
             "checkpoint_enabled": checkpoint_enabled,
             "pool": given(pool, lambda v: check_name(v, "pool")),
+            "function": function,
         }
-        self._registrations.append(_Registration(obj, drop_unset(spec), on_start))
+        registration = _Registration(obj, drop_unset(spec), on_start)
+        self._registrations.append(registration)
+        return registration
 
     def _names(self, kind: str, obj: Any, name: str | None) -> tuple[str, str]:
         """(handler, endpoint name): the function's name, and the URL name (say_hello -> say-hello)."""
@@ -151,7 +187,7 @@ class App:
         return handler, name
 
     def specs(self) -> list[dict[str, Any]]:
-        """The spec of every endpoint, as the gateway receives them (copies)."""
+        """The spec of every endpoint and function, as the gateway receives them (copies)."""
         return [copy.deepcopy(r.spec) for r in self._registrations]
 
 
@@ -250,27 +286,48 @@ def _resolve(reg: _Registration, module: Any, path: Path) -> dict[str, Any]:
     return spec
 
 
-def load_app_file(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
-    """Import a .py file (as a module named by its stem, its directory on sys.path) and return the
-    specs of every App in it."""
+def _app_file(path: str | os.PathLike[str]) -> Path:
     path = Path(path).expanduser()
     if not path.is_file():
         raise ConfigError(f"there is no file {path}: check the path")
     if path.suffix != ".py":
         raise ConfigError(f"{path} is not a Python file: pass the .py file that defines the App")
-    path = path.resolve()
+    return path.resolve()
+
+
+def load_function(path: str | os.PathLike[str], name: str) -> Any:
+    """Import a .py file as load_app_file does and return its `@app.function` named `name` (the
+    Python name, or the name it is deployed by)."""
+    from levers9.functions import Function
+
+    path = _app_file(path)
+    module = _import_file(path)
+    found = getattr(module, name, None)
+    if not isinstance(found, Function):
+        found = next((v for v in vars(module).values() if isinstance(v, Function) and v.name == name), None)
+    if found is None:
+        names = sorted(k for k, v in vars(module).items() if isinstance(v, Function))
+        hint = f": it has {', '.join(names)}" if names else ": decorate one with @app.function()"
+        raise ConfigError(f"{path.name} has no @app.function named {name!r}{hint}")
+    return found
+
+
+def load_app_file(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """Import a .py file (as a module named by its stem, its directory on sys.path) and return the
+    specs of every App in it."""
+    path = _app_file(path)
     module = _import_file(path)
     apps = list({id(v): v for v in vars(module).values() if isinstance(v, App)}.values())
     if not apps:
         raise ConfigError(f"{path.name} defines no levers9 App: add `app = App(\"my-app\")` and decorate a "
-                          "function with @app.endpoint()")
+                          "function with @app.endpoint() or @app.function()")
     specs: list[dict[str, Any]] = []
     for a in apps:
         specs.extend(_resolve(reg, module, path) for reg in a._registrations)
     if not specs:
         names = ", ".join(repr(a.name) for a in apps)
         raise ConfigError(f"{path.name} defines App {names} but no endpoint: decorate a function with "
-                          "@app.endpoint() or @app.asgi()")
+                          "@app.endpoint(), @app.asgi() or @app.function()")
     seen: set[str] = set()
     for spec in specs:
         if spec["name"] in seen:

@@ -16,6 +16,8 @@ from rich.console import Console
 from rich.table import Table
 
 from levers9.cli_app import register as _register_app_commands
+from levers9.cli_catalogue import catalogue_app
+from levers9.cli_functions import register as _register_function_commands
 from levers9.cli_images import register as _register_image_commands
 from levers9.runtime.config import SERVICES, Settings, write_profile
 
@@ -25,9 +27,11 @@ events_app = typer.Typer(help="Audit and replay the event log.", no_args_is_help
 contracts_app = typer.Typer(help="Event contracts for other systems.", no_args_is_help=True)
 projections_app = typer.Typer(help="Read models kept by the services.", no_args_is_help=True)
 app.add_typer(events_app, name="events")
+app.add_typer(catalogue_app, name="catalogue")
 app.add_typer(contracts_app, name="contracts")
 app.add_typer(projections_app, name="projections")
 _register_app_commands(app)
+_register_function_commands(app)
 _register_image_commands(app)
 
 console = Console(stderr=True, soft_wrap=True)

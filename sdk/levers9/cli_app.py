@@ -104,15 +104,18 @@ def deploy_file(get_client: Callable[[], "Client"], file: Path, progress: Callab
     for spec in specs:
         progress(f"deploying {spec['name']} ({len(code) / 1024:.1f} KiB of code)")
         answer = c.deploy(spec, code)
-        results.append({**answer, "name": answer.get("name") or spec["name"],
-                        "invocation_url": c.invocation_url(answer.get("name") or spec["name"])})
+        name = answer.get("name") or spec["name"]
+        results.append({**answer, "name": name, "invocation_url": c.invocation_url(name),
+                        "kind": spec["code"]["kind"], "app_name": spec.get("app_name", "")})
     return results
 
 
 def _report(results: list[dict[str, Any]]) -> None:
     for r in results:
+        how = (f"Function.lookup({r.get('app_name', '')!r}, {r['name']!r})" if r.get("kind") == "function"
+               else r["invocation_url"])
         out.print(f"deployed [bold]{escape(str(r['name']))}[/bold] version {escape(str(r.get('version', '?')))}: "
-                  f"{escape(r['invocation_url'])}")
+                  f"{escape(how)}")
 
 
 def deploy(file: Path = typer.Argument(..., help="the .py file that defines the App"),

@@ -253,6 +253,15 @@ class Client:
 
     # -- plumbing --
 
+    # -- catalogues of shared pre-import checkpoints --
+
+    def publish_catalogue(self, document: bytes) -> dict[str, Any]:
+        return self._call("POST", "/api/v1/catalogues", "publishing the catalogue", content=document,
+                          headers={"Content-Type": "application/json"})
+
+    def catalogue(self, flavor: str) -> dict[str, Any]:
+        return self._call("GET", f"/api/v1/catalogues/{flavor}", f"reading the {flavor} catalogue")
+
     def _call(self, method: str, path: str, what: str, see: str = "", **kwargs: Any) -> Any:
         try:
             r = self._http.request(method, path, **kwargs)

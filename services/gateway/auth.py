@@ -7,7 +7,7 @@ need a token of the admin workspace.
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 from fastapi import Depends, HTTPException, Request
 from pydantic import BaseModel
@@ -15,6 +15,9 @@ from pydantic import BaseModel
 from levers9.runtime.tokens import token_hash
 
 from .deps import Gateway
+
+if TYPE_CHECKING:
+    from .state import Gateway as GatewayState
 
 ADMIN_WORKSPACE = "default"
 MISSING = ("missing bearer token: send 'Authorization: Bearer <token>' "
@@ -58,18 +61,26 @@ def worker_of(caller: Caller) -> str:
     return worker_id if kind == "worker" else ""
 
 
-async def caller(request: Request, gw: Gateway) -> Caller:
-    secret = bearer_secret(request.headers.get("authorization", ""))
-    if not secret:
-        raise HTTPException(401, MISSING, headers=CHALLENGE)
+async def lookup(gw: GatewayState, secret: str) -> Caller | None:
+    """The caller a token secret stands for; None when it is unknown or revoked."""
     digest = token_hash(secret)
     found = gw.tokens.get(digest)
     if found is None:
         row = await gw.pool.fetchrow("SELECT token_id, workspace, scope FROM gateway.tokens "
                                      "WHERE token_sha256 = $1 AND NOT revoked", digest)
         if row is None:
-            raise HTTPException(401, UNKNOWN, headers=CHALLENGE)
+            return None
         found = gw.tokens[digest] = Caller(workspace=row["workspace"], token_id=row["token_id"], scope=row["scope"])
+    return found
+
+
+async def caller(request: Request, gw: Gateway) -> Caller:
+    secret = bearer_secret(request.headers.get("authorization", ""))
+    if not secret:
+        raise HTTPException(401, MISSING, headers=CHALLENGE)
+    found = await lookup(gw, secret)
+    if found is None:
+        raise HTTPException(401, UNKNOWN, headers=CHALLENGE)
     return found
 
 

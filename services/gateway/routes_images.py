@@ -168,6 +168,11 @@ async def resolve_image(gw: GatewayState, workspace: str, blueprint: ImageSpec) 
     if status != "built":
         raise HTTPException(409, f"image {image} is not built (status {status}): `levers9 deploy` builds it "
                                  f"first; see `levers9 images logs {image}`")
+    return image_ref_of(image, row)
+
+
+def image_ref_of(image: str, row: Any) -> ImageRef:
+    """A built image's row (gateway.builds) as a sandbox start needs it."""
     archive = row["archive"]
     if isinstance(archive, str):
         archive = json.loads(archive)

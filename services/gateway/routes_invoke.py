@@ -92,6 +92,9 @@ async def resolve(gw: GatewayState, workspace: str, name: str, rest: str) -> tup
             raise HTTPException(404, f"no endpoint {name!r}{named} in workspace {workspace!r}: deploy it with "
                                      "`levers9 deploy FILE`")
         dep = gw.deployments[key] = Deployment.from_row(row)
+    if dep.spec.code.kind == "function":
+        raise HTTPException(404, f"{name!r} is a function, not an endpoint: call it with POST "
+                                 f"/function/{dep.spec.app_name or '<app>'}/{name} or from Python")
     if dep.status != "active":
         raise HTTPException(410, f"endpoint {name!r} version {dep.version} is {dep.status}")
     return dep, target.rest

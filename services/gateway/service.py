@@ -11,19 +11,22 @@ from __future__ import annotations
 from fastapi import FastAPI
 
 from . import (
+    routes_catalogues,
     routes_checkpoints,
     routes_containers,
     routes_deployments,
+    routes_functions,
     routes_images,
     routes_internal,
     routes_invoke,
     routes_tokens,
     routes_workers,
 )
+from .functions_grpc import serve as serve_functions
 from .state import Gateway
 
-ROUTERS = (routes_tokens, routes_deployments, routes_images, routes_containers, routes_checkpoints, routes_workers,
-           routes_internal, routes_invoke)
+ROUTERS = (routes_tokens, routes_catalogues, routes_deployments, routes_images, routes_containers, routes_checkpoints, routes_workers,
+           routes_internal, routes_functions, routes_invoke)
 
 
 class GatewayService(Gateway):
@@ -31,3 +34,6 @@ class GatewayService(Gateway):
         app.state.gateway = self
         for module in ROUTERS:
             app.include_router(module.router)
+
+    def background(self):
+        return [*super().background(), lambda stop: serve_functions(self, stop)]

@@ -8,6 +8,7 @@ this object through `deps.Gateway`.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from dataclasses import dataclass
@@ -89,6 +90,9 @@ class Gateway(Service):
         self.container_deployment: dict[str, str] = {}  # live containers -> their deployment
         self.tokens: dict[str, Caller] = {}  # token sha256 -> caller
         self.deployments: dict[tuple[str, str, str], Deployment] = {}  # (workspace, name, vN|latest)
+        self.background_tasks: set[asyncio.Task] = set()  # spawned calls: referenced until done
+        self.functions: Any = None  # functions_grpc.Functions, once its server is up
+        self.grpc_port = 0
 
     async def on_start(self) -> None:
         self.http = httpx.AsyncClient(timeout=None, limits=httpx.Limits(max_connections=2000,
@@ -119,8 +123,8 @@ class Gateway(Service):
                     await self.route_event(d.message.event)
 
     async def route_event(self, ev: E.Event) -> None:
-        if isinstance(ev, E.ContainerRequested):
-            self.container_deployment[ev.container_id] = ev.deployment_id
+        if isinstance(ev, E.ContainerRequested):  # a session's sandbox is mapped to its session's router first
+            self.container_deployment.setdefault(ev.container_id, ev.deployment_id)
         container_id = getattr(ev, "container_id", "")
         update = route_update(ev)
         if update is None:
@@ -139,8 +143,9 @@ class Gateway(Service):
             rows = await self.pool.fetch(
                 "SELECT container_id, status, address FROM gateway.containers WHERE workspace=$1 AND deployment_id=$2 "
                 "AND status NOT IN ('stopped', 'failed')", dep.workspace, dep.deployment_id)
-            for r in rows:
-                await router.update(r["container_id"], r["status"], r["address"])
+            for r in rows:  # a session's sandbox is its session's alone
+                if not self.container_deployment.get(r["container_id"], "").startswith("session:"):
+                    await router.update(r["container_id"], r["status"], r["address"])
             self.routers[dep.deployment_id] = router
         return router
 

@@ -7,14 +7,16 @@ words of the one checkpoint policy).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
-from typing import Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, Mapping, Sequence
 
+from levers9.contracts.catalogue import Catalogue
 from levers9.contracts.checkpoint_policy import cold_fallback_note, restore_note
 from levers9.contracts.events import ContainerRequested
-from levers9.contracts.spec import CheckpointRef
+from levers9.contracts.spec import CheckpointRef, ImageRef
 
 from .placement import Placement, Request, WorkerState, place
+from .shared import shared_placement
 
 
 @dataclass(frozen=True)
@@ -23,6 +25,8 @@ class Decision:
     request: Request  # what was placed (the capacity a reservation takes)
     checkpoint: CheckpointRef | None  # restore this one; None: start cold
     note: str
+    choice: dict[str, Any] = field(default_factory=dict)  # the cost model's estimate and runner-up (shared.py)
+    image: ImageRef | None = None  # a shared checkpoint runs on the catalogue's image
 
     @property
     def worker_id(self) -> str | None:
@@ -41,9 +45,16 @@ def request_from(ev: ContainerRequested) -> Request:
                    excluded=frozenset(ev.excluded_workers))
 
 
-def decide(ev: ContainerRequested, workers: Sequence[WorkerState]) -> Decision:
-    """Where `ev` runs among `workers`, restoring its checkpoint when a worker can."""
+def decide(ev: ContainerRequested, workers: Sequence[WorkerState],
+           catalogues: Mapping[str, Catalogue] | None = None) -> Decision:
+    """Where `ev` runs among `workers`, restoring its checkpoint when a worker can; a function's
+    sandbox may start from a shared pre-import checkpoint, as the cost model picks (shared.py)."""
     req = request_from(ev)
+    if catalogues:
+        shared = shared_placement(ev, req, workers, catalogues)
+        if shared is not None:
+            placement, request, checkpoint, note, choice, image = shared
+            return Decision(placement, request, checkpoint, note, choice, image)
     ref = ev.checkpoint
     if ref is None:
         return Decision(place(req, workers), req, None, ev.note)

@@ -34,6 +34,7 @@ class WorkerState:
     features: frozenset[str] = frozenset()
     cordoned: bool = False
     last_seq: int = 0
+    restorable: frozenset[str] = frozenset()  # shared checkpoints it announced it can restore
 
     @property
     def cpu_free(self) -> int:

@@ -23,8 +23,11 @@ from collections import deque
 from dataclasses import dataclass, field, replace
 from typing import Any, Awaitable, Callable
 
+import msgspec
+
 from levers9.contracts import SYSTEM_WORKSPACE, Envelope, Message, envelope
 from levers9.contracts import events as E
+from levers9.contracts.catalogue import Catalogue
 from levers9.contracts.envelope import subject_of
 from levers9.runtime.bus import Appended, ConcurrencyConflict
 from levers9.runtime.tasks import spawn
@@ -136,6 +139,7 @@ class Placer:
         self.more = False  # a pass stopped at MAX_QUEUED: pass again once the queues have drained a bit
         self.appends = asyncio.Semaphore(128)  # deferrals and re-requests in flight
         self.inflight: set[asyncio.Task[Any]] = set()
+        self.catalogues: dict[str, Catalogue] = {}  # flavor -> the newest catalogue (the service loads them)
 
     def spawn(self, aw: Awaitable[Any], name: str) -> asyncio.Task[Any]:
         """A task of this placer: referenced until it ends, its failure logged, awaited by drain()."""
@@ -162,7 +166,7 @@ class Placer:
                    if takes_work(w.state) and wid not in self.stale_workers.known}
         held = frozenset(self.memory.workers[wid].state.pool for wid in self.stale_workers.known
                          if wid in self.memory.workers)
-        for step in plan(workers, candidates, held, self.memory.holders):
+        for step in plan(workers, candidates, held, self.memory.holders, self.catalogues):
             self._dispatch(step)
 
     def _candidates(self) -> list[Container]:
@@ -272,9 +276,11 @@ class Placer:
         c, d = p.container, p.decision
         assert c.request is not None
         r = c.request
+        spec = r.spec if d.image is None or r.spec is None else msgspec.structs.replace(r.spec, image_ref=d.image)
         ev = E.ContainerScheduled(container_id=c.container_id, worker_id=p.worker_id, attempt=r.attempt,
                                   deployment_id=r.deployment_id, deployment_version=r.deployment_version,
-                                  resources=r.resources, spec=r.spec, checkpoint=d.checkpoint, note=d.note)
+                                  resources=r.resources, spec=spec, checkpoint=d.checkpoint, note=d.note,
+                                  choice=d.choice)
         env = envelope(ev, workspace=c.workspace, correlation_id=c.correlation_id)
         try:
             ack = await self.append(env, c.last_seq)

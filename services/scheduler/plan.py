@@ -21,6 +21,7 @@ from typing import Collection, Iterable, Mapping
 
 import msgspec
 
+from levers9.contracts.catalogue import Catalogue
 from levers9.contracts.events import ContainerRequested
 
 from .decision import Decision, decide
@@ -71,7 +72,8 @@ class View:
 
 def plan(workers: Mapping[str, WorkerState], backlog: Iterable[Container],
          held_pools: frozenset[str] = frozenset(),
-         holders: Mapping[str, Collection[str]] | None = None) -> list[Step]:
+         holders: Mapping[str, Collection[str]] | None = None,
+         catalogues: Mapping[str, Catalogue] | None = None) -> list[Step]:
     """The steps for `backlog` (in order) on `workers` (those being refreshed left out: their pools
     are `held_pools`); `holders`: the workers that hold a slot for a container, by container id."""
     view = View(workers)
@@ -92,7 +94,7 @@ def plan(workers: Mapping[str, WorkerState], backlog: Iterable[Container],
             # is still the best (it only got fuller, nothing else changed), so decide() would say so
             d = replace(last, request=replace(last.request, container_id=c.container_id))
         else:
-            d = decide(request, view.states)
+            d = decide(request, view.states, catalogues)
         if d.worker_id is not None:
             view.take(d)
             steps.append(Place(c, d))
@@ -109,4 +111,4 @@ def plan(workers: Mapping[str, WorkerState], backlog: Iterable[Container],
 
 def _shape(ev: ContainerRequested) -> tuple:
     """What decide() reads of a request (all of it but the container id)."""
-    return (ev.resources, ev.pool, ev.excluded_workers, ev.checkpoint, ev.note)
+    return (ev.resources, ev.pool, ev.excluded_workers, ev.checkpoint, ev.note, ev.imports, ev.spec)

@@ -22,11 +22,12 @@ import time
 from typing import Any, Awaitable, Callable, Iterable
 
 from levers9.runtime.config import Settings
-from levers9.runtime.consumer import Delivery
+from levers9.runtime.consumer import Delivery, WorkConsumer
 from levers9.runtime.projection import Projection
 from levers9.runtime.service import Service
 from levers9.runtime.views import ContainersView, WorkersView
 
+from . import catalogues
 from .memory import Memory, Touched
 from .placer import Placer
 from .recovery import load
@@ -69,6 +70,7 @@ class SchedulerService(Service):
         state, positions = await load(self.pool, self.schema)
         self.memory = Memory(state, {p.name: positions.get(p.name, 0) for p in self.projections})
         self._placer = Placer(self.memory, self.bus.append, self.bus.publish)
+        self.placer.catalogues.update(await catalogues.newest(self.settings))
         self.placer.wake.set()
         log.info("scheduler memory: %d workers, %d containers, %d waiting", len(self.memory.workers),
                  len(self.memory.containers), len(self.memory.waiting))
@@ -102,6 +104,9 @@ class SchedulerService(Service):
 
     def background(self) -> list[Callable[[asyncio.Event], Awaitable[None]]]:
         return [self.placing, self.sweeping]
+
+    def reactions(self) -> list[WorkConsumer]:
+        return [catalogues.consumer(self.bus, self.settings, self.placer.catalogues)]
 
     async def placing(self, stop: asyncio.Event) -> None:
         """One pass whenever memory moved in a way that matters (or the sweep asks)."""

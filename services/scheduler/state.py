@@ -117,6 +117,8 @@ def fold_worker(worker: Worker | None, ev: E.Event, seq: int) -> Worker:
                             memory_used=state.memory_used - held.memory_mib, gpu_used=state.gpu_used - held.gpu_count)
     elif isinstance(ev, (E.WorkerCordoned, E.WorkerUncordoned)):
         state = replace(state, cordoned=isinstance(ev, E.WorkerCordoned))
+    elif isinstance(ev, E.WorkerCatalogueChecked):
+        state = replace(state, restorable=frozenset(ev.restorable))
     else:
         state = _worker_status(state, ev)
     return Worker(state, slots)

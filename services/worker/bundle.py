@@ -16,6 +16,8 @@ import shlex
 from pathlib import Path
 from typing import Any
 
+from levers9.executor import wire
+
 from .container import ContainerSpec
 
 LOG_DIR = "/var/log/levers9"
@@ -60,7 +62,8 @@ def container_env(spec: ContainerSpec) -> list[str]:
     (LEVERS9_RUNNER_HOST/PORT unless spec.env says)."""
     env = {"LEVERS9_RUNNER_HOST": "0.0.0.0", "LEVERS9_RUNNER_PORT": str(spec.port), **spec.env,
            "PATH": PATH, "HOME": "/root"}
-    env["PYTHONPATH"] = "/opt/levers9" + (f":{spec.env['PYTHONPATH']}" if spec.env.get("PYTHONPATH") else "")
+    sdk = "/opt/levers9" + (f":{VENDOR_DIR}" if spec.vendor_dir else "")
+    env["PYTHONPATH"] = sdk + (f":{spec.env['PYTHONPATH']}" if spec.env.get("PYTHONPATH") else "")
     return [f"{k}={v}" for k, v in env.items()]
 
 
@@ -80,7 +83,22 @@ def _mounts(spec: ContainerSpec) -> list[dict[str, Any]]:
          "options": bind_ro},
         {"destination": "/opt/levers9", "type": "bind", "source": str(Path(spec.sdk_dir).resolve()),
          "options": bind_ro},
+        *_function_mounts(spec),
     ]
+
+
+VENDOR_DIR = "/opt/levers9-vendor"
+EXECUTOR_DIR = "/run/levers9"  # levers9.executor.wire.SOCKET_DIR
+PACKAGES_DIR = "/var/lib/levers9/packages"
+
+
+def _function_mounts(spec: ContainerSpec) -> list[dict[str, Any]]:
+    """A function sandbox's binds: the executor's socket directory (written by the sandbox, read by
+    the worker's relay), cloudpickle beside the SDK, and the node's cache of per-sandbox installs."""
+    binds = [(spec.vendor_dir, VENDOR_DIR, "ro"), (spec.executor_dir, EXECUTOR_DIR, "rw"),
+             (spec.packages_dir, PACKAGES_DIR, "rw")]
+    return [{"destination": dest, "type": "bind", "source": str(Path(src).resolve()),
+             "options": ["bind", mode, "nosuid", "nodev"]} for src, dest, mode in binds if src is not None]
 
 
 def _resources(spec: ContainerSpec) -> dict[str, Any]:
@@ -153,7 +171,9 @@ def upper_files(spec: ContainerSpec, ip: str) -> dict[str, str]:
 def spec_record(spec: ContainerSpec) -> dict[str, Any]:
     """The fields of a spec that a checkpoint carries to its restores (host paths are not)."""
     return {"env": dict(spec.env), "cpu_millicores": spec.cpu_millicores,
-            "memory_mib": spec.memory_mib, "command": list(spec.command), "port": spec.port}
+            "memory_mib": spec.memory_mib, "command": list(spec.command), "port": spec.port,
+            # the executor inside a function sandbox: a restore refuses a generation it does not speak
+            "executor_generation": wire.GENERATION if spec.executor_dir else 0}
 
 
 def write_upper(upper: Path, files: dict[str, str]) -> None:

@@ -7,6 +7,7 @@ claim that makes it one dump per deployment version, the events that say what ha
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import shutil
 from pathlib import Path
@@ -27,6 +28,7 @@ from .checkpoint import CheckpointArtifact, RestoreError
 from .container import ContainerSpec, Runtime, Started
 from .node_cache import NodeCache
 from .placement import Running
+from .sandboxes import is_function
 
 if TYPE_CHECKING:
     from .service import WorkerService
@@ -102,6 +104,23 @@ class Checkpoints:
         self.worker = worker
         self.dumping: set[str] = set()  # deployment ids with a dump in progress here
 
+    async def warm(self, ref: CheckpointRef) -> None:
+        """Fetch a checkpoint into the node cache and unpack it before any restore asks for it: the
+        first restore of a shared checkpoint then costs what the later ones do."""
+        warm = getattr(self.worker.runtime, "warm", None)
+        if warm is None or not ref.sha256:
+            return
+        try:
+            async with httpx.AsyncClient(timeout=600) as client:
+                r = await client.get(f"{self.worker.cache_url}/blobs/{ref.sha256}",
+                                     params={"bucket": ref.bucket, "key": ref.key, "fill": "true"})
+            if r.status_code != 200:
+                raise RestoreError(_detail(r))
+            await warm(Path(r.json()["path"]))
+            log.info("checkpoint %s fetched and unpacked ahead of its restores", ref.checkpoint_id)
+        except Exception as exc:  # noqa: BLE001 - only a head start: the restore fetches it anyway
+            log.warning("could not warm checkpoint %s: %s", ref.checkpoint_id, exc)
+
     def after_ready(self, c: Running) -> None:
         """A container just became ready: dump it when the policy says so (in the background)."""
         choice = dump_choice(c.spec, criu_ready=self.worker.runtime.checkpoint_ready, restored=bool(c.restored_from))
@@ -141,8 +160,11 @@ class Checkpoints:
 
     async def _dump(self, c: Running, claim: str) -> None:
         w = self.worker
+        # a function sandbox's executor must have no connection from outside while CRIU dumps it
+        quiet = w.sandboxes.relay.quiet(c.container_id) if is_function(c.spec) else contextlib.nullcontext()
         try:
-            dumped = await dump(w.runtime, c.container_id, w.cache, c.memory_mib)
+            async with quiet:
+                dumped = await dump(w.runtime, c.container_id, w.cache, c.memory_mib)
         except Exception as exc:  # noqa: BLE001 - whatever failed, it is recorded as CheckpointFailed with its reason
             log.warning("checkpoint of %s skipped: %s", c.container_id, exc)
             await w.emit(c, E.CheckpointFailed(checkpoint_id=claim, stage="dump", reason=str(exc)[:1000],

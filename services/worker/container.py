@@ -38,6 +38,11 @@ class ContainerSpec:
     command: tuple[str, ...] = DEFAULT_COMMAND
     port: int = 8000  # where the process listens inside the container
     image: ImageRef | None = None  # its root's read-only layer (levers9.worker.images); None: the platform base
+    # a function sandbox: host dir -> /run/levers9 (the executor's socket), cloudpickle beside the
+    # SDK -> /opt/levers9-vendor (read-only), the node's package installs -> /var/lib/levers9/packages
+    executor_dir: Path | None = None
+    vendor_dir: Path | None = None
+    packages_dir: Path | None = None
 
     def __post_init__(self) -> None:
         if not CONTAINER_ID.match(self.container_id):

@@ -61,7 +61,9 @@ def runner_env(spec: DeploymentSpec, secrets: dict[str, str], *, container_id: s
             "LEVERS9_RUNNER_CONCURRENCY": str(spec.scaling.concurrency),
             "LEVERS9_RUNNER_TIMEOUT": str(spec.timeout_seconds),
             "LEVERS9_RUNNER_MAX_BODY": str(max_body_bytes),
-            "LEVERS9_CONTAINER_ID": container_id, "LEVERS9_DEPLOYMENT_ID": deployment_id}
+            "LEVERS9_CONTAINER_ID": container_id, "LEVERS9_DEPLOYMENT_ID": deployment_id,
+            **({"LEVERS9_RUNNER_IMPORTS": ",".join(spec.function.preload)} if spec.function and spec.function.preload
+               else {})}
 
 
 class Overtaken:

@@ -123,11 +123,14 @@ class ProcessRuntime(Runtime):
 def process_env(spec: ContainerSpec, port: int) -> dict[str, str]:
     """The app's environment: the host's PATH and HOME, spec.env, the SDK first on PYTHONPATH, and
     where to listen (pure)."""
-    sdk = str(Path(spec.sdk_dir).resolve())
+    sdk = str(Path(spec.sdk_dir).resolve()) + (f":{Path(spec.vendor_dir).resolve()}" if spec.vendor_dir else "")
+    executor = {"LEVERS9_EXECUTOR_SOCKET": str(Path(spec.executor_dir) / "executor.sock")} if spec.executor_dir else {}
+    if spec.packages_dir:
+        executor["LEVERS9_EXECUTOR_PACKAGES_DIR"] = str(spec.packages_dir)
     return {"PATH": os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin"),
             "HOME": os.environ.get("HOME", "/root"),
             "LEVERS9_RUNNER_APP_DIR": str(Path(spec.code_dir).resolve()),  # not /app here
-            **spec.env,
+            **spec.env, **executor,
             "PYTHONPATH": sdk + (":" + spec.env["PYTHONPATH"] if spec.env.get("PYTHONPATH") else ""),
             "LEVERS9_RUNNER_HOST": "127.0.0.1", "LEVERS9_RUNNER_PORT": str(port)}
 

@@ -19,6 +19,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from levers9.executor import wire
 from levers9.runtime.config import Settings
 
 from . import cgroups, network
@@ -179,6 +180,10 @@ class RuncCheckpoints(RuncLifecycle):
         cid = rec.container_id
         template, manifest = await self._unpacked(tar)
         await self._check_root(manifest, spec)
+        generation = manifest.get("executor_generation", 0)
+        if generation and generation not in wire.SUPPORTED_GENERATIONS:
+            raise RuntimeError(f"the checkpoint's executor speaks protocol generation {generation}; this worker "
+                               f"implements {sorted(wire.SUPPORTED_GENERATIONS)}")
         rec.port = manifest["port"]
         names = self.names(cid)
         rec.ip = self.ipam.claim(cid, self.state_dir, names.netns)
@@ -191,7 +196,8 @@ class RuncCheckpoints(RuncLifecycle):
         restored = ContainerSpec(container_id=cid, code_dir=spec.code_dir, sdk_dir=spec.sdk_dir,
                                  env=manifest["env"], cpu_millicores=spec.cpu_millicores,
                                  memory_mib=spec.memory_mib, command=tuple(manifest["command"]),
-                                 port=manifest["port"], image=spec.image)
+                                 port=manifest["port"], image=spec.image, executor_dir=spec.executor_dir,
+                                 vendor_dir=spec.vendor_dir, packages_dir=spec.packages_dir)
         (cdir / SPEC_FILE).write_text(json.dumps(spec_record(restored)))
         # mntns-compat-mode for this restore only: CRIU refuses it on a later dump of this one
         (cdir / CRIU_CONF).write_text(ckpt.restore_config())
@@ -216,6 +222,10 @@ class RuncCheckpoints(RuncLifecycle):
             raise ckpt.RestoreError(
                 "the checkpoint was made on a different base root file system (its python and "
                 "libraries would not match the dumped memory)")
+
+    async def warm(self, tar: Path) -> None:
+        """Unpack a checkpoint ahead of its first restore (a shared one this worker announced)."""
+        await self._unpacked(tar)
 
     async def _unpacked(self, tar: Path) -> tuple[Path, dict]:
         """The checkpoint unpacked once per worker and kept (`<state>/unpacked/<tar name>`): the

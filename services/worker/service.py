@@ -46,12 +46,14 @@ from levers9.runtime.views import CheckpointsView, ContainersView, DeploymentsVi
 
 from . import checkpointing
 from .builder import Builds
+from .catalogue_check import CatalogueCheck
 from .container import ContainerSpec, Exit, Runtime, Started
 from .idle import should_stop_idle
 from .node_cache import NodeCache, cache_app
 from .placement import Overtaken, Running, runner_env
 from .routes import add_routes
 from .runtime import choose_runtime
+from .sandboxes import Sandboxes, generation_refusal, is_function
 
 log = logging.getLogger("levers9.worker")
 
@@ -88,6 +90,10 @@ class WorkerService(Service):
         self.cache = NodeCache(Path(self.settings.image_cache) / "blobs", self.settings, self.settings.cache_max_bytes)
         self.cache_url = f"http://{self.settings.http_host}:{self.settings.cache_port}"
         self.checkpoints = checkpointing.Checkpoints(self)
+        self.sandboxes = Sandboxes(self.settings, self.state_dir)
+        self.catalogue_check = CatalogueCheck(self.worker_id, self.settings, lambda env: self.bus.publish(env),
+                                              lambda: (self.runtime.name, self.runtime.checkpoint_ready), self.ready,
+                                              self.checkpoints.warm)
         self.builds = Builds(self.worker_id, self.settings.registry, Path(self.settings.image_cache),
                              publish=lambda env: self.bus.publish(env)) \
             if self.settings.worker_pool == BUILD_POOL else None
@@ -104,7 +110,7 @@ class WorkerService(Service):
         log.info("worker %s: %s", self.worker_id, self.runtime_note)
 
     def background(self):
-        return [self.prepare_and_register, self.heartbeat, self.monitor, self.serve_cache]
+        return [self.prepare_and_register, self.heartbeat, self.monitor, self.serve_cache, self.sandboxes.serve]
 
     async def serve_cache(self, stop: asyncio.Event) -> None:
         """The node content cache; the first worker of a node serves it, the others share it."""
@@ -166,6 +172,8 @@ class WorkerService(Service):
                                   handle=self.on_container_event, max_deliver=50, ack_wait=60)]
         if self.builds is not None:  # a build-pool worker: the builds given to it
             consumers.append(self.builds.consumer(self.bus))
+        else:  # which shared pre-import checkpoints it can restore
+            consumers.append(self.catalogue_check.consumer(self.bus))
         return consumers
 
     async def on_stop(self) -> None:
@@ -230,6 +238,10 @@ class WorkerService(Service):
                 f"nothing to run: the placement of deployment {ev.deployment_id} carries no spec"
             await self.finish(c, Exit(None, why), failed=True)
             return
+        refusal = generation_refusal(ev.spec) if is_function(ev.spec) else ""
+        if refusal:
+            await self.finish(c, Exit(None, refusal), failed=True)
+            return
         self.containers[c.container_id] = c
         c.task = spawn(self.start_container(c, ev), name=f"start {c.container_id}", logger=log)
 
@@ -243,10 +255,18 @@ class WorkerService(Service):
                                                  container_id=c.container_id, deployment_id=c.deployment_id,
                                                  max_body_bytes=self.settings.max_body_bytes),
                                   cpu_millicores=ev.resources.cpu_millicores, memory_mib=ev.resources.memory_mib,
-                                  image=c.spec.image_ref)
+                                  image=c.spec.image_ref,
+                                  **(self.sandboxes.container_fields(c.container_id, c.workspace)
+                                     if is_function(c.spec) else {}))
         except Exception as exc:  # noqa: BLE001 - every failure becomes ContainerFailed with its reason
             log.exception("container %s could not start", c.container_id)
             await self.finish(c, Exit(None, f"could not start: {type(exc).__name__}: {exc}"), failed=True)
+            return
+        try:
+            if cspec.packages_dir is not None:
+                await self.sandboxes.preinstall(c.spec, cspec.packages_dir)
+        except Exception as exc:  # noqa: BLE001 - the call that asked for the sandbox gets why
+            await self.finish(c, Exit(None, f"could not start: {exc}"), failed=True)
             return
         note = ""
         if ev.checkpoint is not None and not c.stopping:
@@ -287,9 +307,12 @@ class WorkerService(Service):
                 except httpx.HTTPError:
                     r = None
                 if r is not None and r.status_code == 200:
+                    published = await self.sandbox_address(c, address)
+                    if not published:
+                        return
                     c.address, c.ready_at = address, time.time()
                     await self.emit(c, E.ContainerReady(container_id=c.container_id, worker_id=self.worker_id,
-                                                        address=address))
+                                                        address=published))
                     self.checkpoints.after_ready(c)
                     return
                 if r is not None and r.status_code == 500:
@@ -300,11 +323,26 @@ class WorkerService(Service):
         if not c.stopping:
             await self.stop_container(c, f"not ready within {timeout:.0f} s", failed=True)
 
+    async def sandbox_address(self, c: Running, address: str) -> str:
+        """Where the gateway reaches a ready container: its own address, or for a function sandbox
+        the relay's once the executor answered ("" when it failed and was stopped)."""
+        if not is_function(c.spec):
+            return address
+        try:
+            return await self.sandboxes.ready_address(c.container_id)
+        except Exception as exc:  # noqa: BLE001 - a sandbox without a working executor fails with why
+            await self.stop_container(c, f"the executor did not start: {type(exc).__name__}: {exc}", failed=True)
+            return ""
+
     async def fetch_code(self, c: Running) -> Path:
         """The code archive, unpacked once per sha256. The gateway answers for this placement once
         its own projection has applied the ContainerScheduled (`seq`)."""
         assert c.spec is not None
         sha = c.spec.code.sha256
+        if is_function(c.spec) and not c.spec.code.key:  # an ad-hoc sandbox: each call brings its function
+            empty = self.state_dir / "code" / "_none"
+            empty.mkdir(parents=True, exist_ok=True)
+            return empty
         target = self.state_dir / "code" / sha
         if sha and target.is_dir():
             return target
@@ -357,6 +395,7 @@ class WorkerService(Service):
 
     async def finish(self, c: Running, ended: Exit, failed: bool) -> None:
         self.containers.pop(c.container_id, None)
+        self.sandboxes.forget(c.container_id)
         if failed:
             tail = log_tail(self.runtime.log_path(c.container_id))
             reason = ended.reason + (f"; log: {tail}" if tail and tail not in ended.reason else "")

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
 import time
 import tomllib
 from pathlib import Path
+from typing import Iterator
 
 import httpx
 
@@ -36,3 +38,33 @@ def api(env: dict, method: str, path: str, **kw) -> httpx.Response:
     p = tomllib.loads((Path(env["LEVERS9_HOME"]) / "config.toml").read_text())
     return httpx.request(method, p["gateway_url"] + path, headers={"Authorization": f"Bearer {p['token']}"},
                          timeout=kw.pop("timeout", 180), **kw)
+
+
+def needs_runc() -> None:
+    """Skip the module unless runc containers can run here (root and runc)."""
+    import os
+
+    import pytest
+
+    if os.geteuid() != 0 or not any(Path(p, "runc").exists() for p in os.environ.get("PATH", "").split(":")):
+        pytest.skip("runc sandboxes need root and runc (scripts/setup.sh installs runc)", allow_module_level=True)
+
+
+@contextlib.contextmanager
+def one_worker_stack(home: Path, cpu_millicores: int, memory_mib: int) -> Iterator[dict]:
+    """`levers9 up` in `home` with one local worker of that size, until it is ready; `levers9 down` after."""
+    import os
+
+    pools = home / "pools.toml"
+    pools.write_text('[pools.default]\nbackend = "local"\nmin_warm = 1\nmax_workers = 1\nidle_timeout_s = 600\n'
+                     f'worker_cpu_millicores = {cpu_millicores}\nworker_memory_mib = {memory_mib}\n')
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LEVERS9_")}
+    env.update(LEVERS9_HOME=str(home), LEVERS9_POOLS_FILE=str(pools),
+               LEVERS9_WORKER_CPU_MILLICORES=str(cpu_millicores), LEVERS9_WORKER_MEMORY_MIB=str(memory_mib))
+    try:
+        cli(env, "up")
+        wait_until(lambda: any(w["status"] == "ready" and "runc" in w["features"]
+                               for w in api(env, "GET", "/api/v1/workers").json()), timeout=600)
+        yield env
+    finally:
+        cli(env, "down", check=False)

@@ -57,4 +57,4 @@ def test_consumers_stay_flat_under_light_traffic(tmp_path):
     assert health["heartbeats"]["current"] and health["heartbeats"]["watchers_created"] == 1, health
     assert health["heartbeats"]["workers"] >= 1, health  # local-1 beats
     assert not traffic.errors, traffic.errors[:5]
-    assert all(code == 0 for code in traffic.statuses), traffic.statuses
+    assert all(code == 0 for code in traffic.statuses), (traffic.statuses, traffic.unhealthy[:2])

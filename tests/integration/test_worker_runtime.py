@@ -256,6 +256,11 @@ class RuntimeContract:
         assert spec.container_id in left
         kind.nothing_left(successor, spec.container_id, started)
         assert await successor.cleanup_all() == []
+        # the kill takes a moment to land: stopping before it has would make this a requested stop
+        for _ in range(250):
+            if await rt.poll(spec.container_id) is not None:
+                break
+            await asyncio.sleep(0.02)
         ended = await rt.stop(spec.container_id, timeout=1)  # the crashed one's memory: killed meanwhile
         assert "killed" in ended.reason and not ended.oom, ended
 

@@ -89,6 +89,9 @@ def field_strategy(name: str, annotation: object) -> st.SearchStrategy[Any]:
         return st.lists(text, max_size=4)
     if annotation == dict[str, str]:
         return st.dictionaries(text, text, max_size=3)
+    if annotation == dict[str, Any]:  # JSON values
+        return st.dictionaries(text, st.one_of(text, st.integers(-1000, 1000), st.lists(text, max_size=2)),
+                               max_size=3)
     if annotation is str:
         return text
     raise TypeError(f"no strategy for {name}: {annotation!r}; add one here")

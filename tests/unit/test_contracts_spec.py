@@ -114,7 +114,7 @@ def with_value(path: str, value: Any) -> dict[str, Any]:
     ("name", "Say_Hello", "$.name"),
     ("name", "a.b", "$.name"),
     ("name", "", "$.name"),
-    ("code.kind", "function", "$.code.kind"),
+    ("code.kind", "task", "$.code.kind"),
     ("code.module", "my-app", "$.code.module"),
     ("code.handler", "1st", "$.code.handler"),
     ("code.on_start", "load()", "$.code.on_start"),

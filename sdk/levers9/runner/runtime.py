@@ -94,13 +94,19 @@ class Runtime:
         with self.lock:
             if self.state == "starting":
                 self.state = "ready"
-        log(f"ready: {cfg.module}.{cfg.handler} ({cfg.kind}); on_start took {self.on_start_seconds:.3f}s")
+        if cfg.kind == "function":
+            log(f"ready: function sandbox{' of ' + cfg.module if cfg.module else ''}; loading took "
+                f"{self.on_start_seconds:.3f}s")
+        else:
+            log(f"ready: {cfg.module}.{cfg.handler} ({cfg.kind}); on_start took {self.on_start_seconds:.3f}s")
         self.loaded.set()
 
     def load_target(self) -> None:
         cfg = self.config
         if cfg.app_dir not in sys.path:
             sys.path.insert(0, cfg.app_dir)
+        if cfg.kind == "function":
+            return self.load_functions()
         module = importlib.import_module(cfg.module)
         started = time.monotonic()
         if cfg.on_start:
@@ -119,6 +125,23 @@ class Runtime:
                 raise LoadError(f"{cfg.module}.{cfg.handler} is not a function")
             self.target = obj
             self.wants_context = "context" in inspect.signature(obj).parameters
+
+    def load_functions(self) -> None:
+        """A function sandbox: the deployed module (when there is one) with its function, then the
+        modules to have imported before the first call; those are a speed-up, so one that fails to
+        import is logged and the sandbox goes on (the call that needs it reports the error)."""
+        cfg = self.config
+        started = time.monotonic()
+        if cfg.module:
+            module = importlib.import_module(cfg.module)
+            if cfg.handler and getattr(module, cfg.handler, None) is None:
+                raise LoadError(f"module {cfg.module} has no attribute {cfg.handler!r} (LEVERS9_RUNNER_HANDLER)")
+        for name in cfg.imports:
+            try:
+                importlib.import_module(name)
+            except BaseException as exc:  # noqa: BLE001 - SystemExit from module code too: not fatal here
+                log(f"LEVERS9_RUNNER_IMPORTS: {name} could not be imported: {type(exc).__name__}: {exc}")
+        self.on_start_seconds = round(time.monotonic() - started, 6)
 
     def run(self, fn: Callable[..., Any], *args: Any) -> Any:
         """Call fn; when it is async (or returns an awaitable) await it on the loop."""

@@ -106,6 +106,9 @@ class Handler(http.server.BaseHTTPRequestHandler):
             return self.send_json(503, {"error": "the app is still starting: retry shortly"})
         if rt.state == "failed":
             return self.send_json(500, {"error": f"the app failed to start: {rt.error}"})
+        if rt.config.kind == "function":
+            return self.send_json(404, {"error": "this is a function sandbox: its functions are called through the "
+                                                 "executor's socket, not over HTTP"})
         if rt.config.kind == "asgi":
             return serve_asgi(self, url, body)
         return serve_endpoint(self, url, body)

@@ -424,10 +424,22 @@ class Stack:
 
     def _probe_url(self, name: str, url: str, pid: int | None, who: str,
                    entry: dict | None = None) -> ComponentStatus:
+        # One slow answer on a loaded machine (a CRIU dump, a busy core) is not an outage: a failed
+        # probe is tried once more, with a longer timeout, before the component is called unhealthy.
+        healthy, detail = self._probe_once(name, url, who, entry, 1.0)
+        if not healthy:
+            time.sleep(0.3)
+            healthy, detail = self._probe_once(name, url, who, entry, 3.0)
+        return ComponentStatus(name, healthy, url, detail, pid)
+
+    def _probe_once(self, name: str, url: str, who: str, entry: dict | None,
+                    timeout: float) -> tuple[bool, str]:
         server = LAUNCHERS.get(name)
         try:
-            healthy = server.probe(url, entry) if server else self._healthz(int((entry or {})["port"]))
-            detail = who if healthy else f"{who} not answering: health check failed"
+            if server:
+                healthy = server.probe(url, entry)  # each server's probe has its own short timeout
+            else:
+                healthy = self._healthz(int((entry or {})["port"]), timeout)
         except Exception as err:  # noqa: BLE001 - any failure of a probe is an unhealthy component, with its reason
-            healthy, detail = False, f"{who} not answering: {type(err).__name__}: {err}".strip()
-        return ComponentStatus(name, healthy, url, detail, pid)
+            return False, f"{who} not answering: {type(err).__name__}: {err}".strip()
+        return healthy, (who if healthy else f"{who} not answering: health check failed")

@@ -1,0 +1,6 @@
+"""Example: arrays."""
+import os
+
+import numpy as np
+
+print(np.zeros(3), os.sep)

@@ -1,0 +1,4 @@
+"""Example: nothing third-party."""
+import json
+
+print(json.dumps({}))
