@@ -57,7 +57,8 @@ class Settings:
     bridge_subnet: str = "10.209.0.0/24"  # containers' addresses; keep it clear of real networks
     image_cache: str = "/var/cache/levers9"  # base root file systems, shared by workers of a machine
     pools_file: str = ""  # pools config (TOML); empty: one pool `default`, local backend, 1 warm worker
-    secret_key: str = ""  # Fernet key for secrets; `levers9 up` generates one into the profile
+    secret_key: str = ""  # the secrets keyring inline (levers9.runtime.secrets); else secret_key_file
+    secret_key_file: str = ""  # the secrets keyring file; `levers9 up` writes one (0600) and names it here
     max_body_bytes: int = 16 * 1024 * 1024
     # consumers
     max_deliver: int = 5

@@ -19,6 +19,7 @@ from levers9.cli_app import register as _register_app_commands
 from levers9.cli_catalogue import catalogue_app
 from levers9.cli_functions import register as _register_function_commands
 from levers9.cli_images import register as _register_image_commands
+from levers9.cli_secrets import register as _register_secret_commands
 from levers9.runtime.config import SERVICES, Settings, write_profile
 
 app = typer.Typer(help="levers9: run code in containers; restore checkpoints instead of booting cold.",
@@ -33,6 +34,7 @@ app.add_typer(projections_app, name="projections")
 _register_app_commands(app)
 _register_function_commands(app)
 _register_image_commands(app)
+_register_secret_commands()
 
 console = Console(stderr=True, soft_wrap=True)
 out = Console(width=None if sys.stdout.isatty() else 250)  # pipes and files get whole lines
@@ -76,14 +78,13 @@ def service(name: str = typer.Argument(..., help=f"one of: {', '.join(SERVICES)}
 @app.command()
 def up(json_out: bool = typer.Option(False, "--json", help="print the status as JSON")) -> None:
     """Start NATS, PostgreSQL, S3 and the six services on this machine; write the profile."""
-    from levers9.runtime.secrets import new_key
+    from levers9.cli_secrets import ensure_keyring
     from levers9.runtime.tokens import mint
     from levers9.stack import Stack, StackError
 
     s = settings()
     profile = s.home_path / "config.toml"
-    if not s.secret_key:  # encrypts secrets in the log; generated once, kept in the profile
-        write_profile(profile, {"secret_key": new_key()})
+    if ensure_keyring(s, profile):  # seals secrets and checkpoints; a 0600 file named in the profile
         s = settings()
     try:
         with console.status("starting levers9") as spinner:

@@ -251,6 +251,12 @@ class Client:
         return self._call("DELETE", f"/api/v1/secrets/{name}", f"deleting secret {name!r}",
                           see="levers9 secret list")
 
+    def secret_keys(self) -> dict[str, Any]:
+        return self._call("GET", "/api/v1/secrets/keys", "reading the secrets keyring's use")
+
+    def rewrap_secrets(self) -> dict[str, Any]:
+        return self._call("POST", "/api/v1/secrets/rewrap", "rewrapping the stored secrets")
+
     # -- plumbing --
 
     # -- catalogues of shared pre-import checkpoints --

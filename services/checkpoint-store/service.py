@@ -1,7 +1,10 @@
 """The checkpoint-store process: checkpoint blobs in S3, their rows, their status.
 
 On CheckpointDumped it streams the tar from the dumping node's cache into the workspace's bucket
-(multipart, 8 MiB parts, each part retried), checks size and sha256, and appends CheckpointStored;
+(multipart, 8 MiB parts, each part retried), sealed on the way (a checkpoint's memory holds its
+container's environment, secrets included: AES-256-GCM under a fresh data key wrapped by the
+secrets keyring's primary KEK, bound to the object's location; levers9.runtime.sealing), checks the
+plaintext's size and sha256, and appends CheckpointStored;
 when S3 stays down it gives up cleanly with CheckpointFailed (stage upload). A checkpoint of a
 deployment that was deleted meanwhile is refused. CheckpointDeleted removes the object.
 """
@@ -18,6 +21,8 @@ from tenacity import AsyncRetrying, stop_after_attempt, wait_exponential
 from levers9.contracts import caused_by, subjects
 from levers9.contracts import events as E
 from levers9.runtime.consumer import Delivery, WorkConsumer
+from levers9.runtime.sealing import ArchiveSealer
+from levers9.runtime.secrets import checkpoint_context, keyring
 from levers9.runtime.service import Service
 from levers9.runtime.storage import s3_client, workspace_bucket
 from levers9.runtime.views import CheckpointsView, DeploymentsView
@@ -81,8 +86,11 @@ class CheckpointStoreService(Service):
         log.info("checkpoint %s stored: %d bytes in s3://%s/%s", ev.checkpoint_id, size, bucket, key)
 
     async def upload(self, location: str, bucket: str, key: str) -> tuple[int, str]:
-        """Stream the node's blob into a multipart upload; each part retried with backoff."""
+        """Stream the node's blob, sealed, into a multipart upload; each part retried with backoff.
+        Returns the plaintext's size and sha256 (what the dump recorded, what a restore checks)."""
         digest, size = hashlib.sha256(), 0
+        # no key, no upload: a checkpoint never reaches S3 in clear
+        sealer = ArchiveSealer(keyring(self.settings), checkpoint_context(bucket, key))
         parts: list[dict] = []
         async with self.s3() as s3, httpx.AsyncClient(timeout=120) as http:
             await self._retry(lambda: self.ensure_bucket(s3, bucket))
@@ -92,14 +100,15 @@ class CheckpointStoreService(Service):
                 async with http.stream("GET", location) as r:
                     if r.status_code != 200:
                         raise UploadFailed(f"the node cache answered {r.status_code} for {location}")
-                    buffer = bytearray()
+                    buffer = bytearray(sealer.header())
                     async for chunk in r.aiter_bytes(1 << 20):
                         digest.update(chunk)
                         size += len(chunk)
-                        buffer += chunk
+                        buffer += sealer.update(chunk)
                         if len(buffer) >= PART_BYTES:
                             parts.append(await self.part(s3, bucket, key, upload_id, len(parts) + 1, bytes(buffer)))
                             buffer.clear()
+                    buffer += sealer.finish()
                     if buffer or not parts:
                         parts.append(await self.part(s3, bucket, key, upload_id, len(parts) + 1, bytes(buffer)))
                 await self._retry(lambda: s3.complete_multipart_upload(

@@ -1,5 +1,6 @@
 """The worker's side of checkpoint/restore, over the runtime's dump and restore: CRIU enabled (or
-why not), dumps into the node cache, restores from it (filled from S3 on a miss, hash verified),
+why not), dumps into the node cache, restores from it (filled from S3 on a miss: the sealed
+archive opened, hash verified),
 and the orchestration around them: whether to dump (levers9.contracts.checkpoint_policy), the
 claim that makes it one dump per deployment version, the events that say what happened.
 """
@@ -79,7 +80,7 @@ async def restore(runtime: Runtime, cspec: ContainerSpec, ref: CheckpointRef, ca
     checkpoints of this deployment version, so its status is not checked again here."""
     async with httpx.AsyncClient(timeout=300) as client:
         r = await client.get(f"{cache_url}/blobs/{ref.sha256}",
-                             params={"bucket": ref.bucket, "key": ref.key, "fill": "true"})
+                             params={"bucket": ref.bucket, "key": ref.key, "fill": "true", "sealed": "true"})
     if r.status_code != 200:
         raise RestoreError(f"the node cache could not get the checkpoint: {_detail(r)}")
     path = Path(r.json()["path"])
@@ -113,7 +114,7 @@ class Checkpoints:
         try:
             async with httpx.AsyncClient(timeout=600) as client:
                 r = await client.get(f"{self.worker.cache_url}/blobs/{ref.sha256}",
-                                     params={"bucket": ref.bucket, "key": ref.key, "fill": "true"})
+                                     params={"bucket": ref.bucket, "key": ref.key, "fill": "true", "sealed": "true"})
             if r.status_code != 200:
                 raise RestoreError(_detail(r))
             await warm(Path(r.json()["path"]))

@@ -4,6 +4,9 @@
   as `?peer=URL`, then from S3 given as `?bucket=B&key=K` (with `&offset=O&length=N`: only that byte
   range of the object, an S3 Range request: a chunk of an image archive); a filled blob is stored
   only if its sha256 matches (a tampered or truncated object is refused with 502 and the reason).
+  `&sealed=true` (checkpoints): the S3 object is a sealed archive (levers9.runtime.sealing), opened
+  here with the secrets keyring as it streams in; the sha256 is the plaintext's. An object without
+  the seal's magic (stored before sealing existed) is taken as plaintext, still hash-checked.
 - PUT /blobs/{sha256}: store a blob (its hash is checked).
 - GET /stats: size, count, hits, misses, evictions, bytes filled from S3 and peers.
 Bounded by `LEVERS9_CACHE_MAX_BYTES`; least recently used blobs are evicted first (`evict`, pure).
@@ -29,6 +32,8 @@ from fastapi import FastAPI, HTTPException, Request
 from fastapi.responses import FileResponse
 
 from levers9.runtime.config import Settings
+from levers9.runtime.sealing import ArchiveOpener, SealError, is_sealed_archive
+from levers9.runtime.secrets import SecretKeyMissing, checkpoint_context, keyring
 from levers9.runtime.storage import s3_client
 
 log = logging.getLogger("levers9.node_cache")
@@ -151,7 +156,7 @@ class NodeCache:
         return target
 
     async def get(self, sha: str, bucket: str = "", key: str = "", peer: str = "",
-                  offset: int = 0, length: int = 0) -> Path:
+                  offset: int = 0, length: int = 0, sealed: bool = False) -> Path:
         """The blob's path, filled on a miss from the peer, then from S3 (`length` > 0: bytes
         [offset, offset+length) of the object only)."""
         target = self.path(sha)
@@ -176,11 +181,14 @@ class NodeCache:
                     errors.append(f"peer {peer}: {exc}")
             if bucket and key:
                 try:
-                    path = await self.store(sha, self._from_s3(bucket, key, offset, length), length)
+                    chunks = self._from_s3(bucket, key, offset, length)
+                    if sealed:
+                        chunks = self._unsealed(chunks, bucket, key)
+                    path = await self.store(sha, chunks, length)
                     self.stats["fills_s3"] += 1
                     self.stats["bytes_filled"] += path.stat().st_size
                     return path
-                except HashMismatch as exc:
+                except (HashMismatch, SealError, SecretKeyMissing) as exc:
                     errors.append(f"s3://{bucket}/{key}: {exc}")
                     raise HashMismatch("; ".join(errors)) from None
                 except Exception as exc:  # noqa: BLE001 - any S3 failure is reported with its cause
@@ -194,6 +202,19 @@ class NodeCache:
                     raise RuntimeError(f"answered {r.status_code}")
                 async for chunk in r.aiter_bytes(1 << 20):
                     yield chunk
+
+    async def _unsealed(self, chunks: AsyncIterator[bytes], bucket: str, key: str) -> AsyncIterator[bytes]:
+        """Open a sealed archive as it streams in (passing through an object stored before sealing)."""
+        opener: ArchiveOpener | None = None
+        first = True
+        async for chunk in chunks:
+            if first:
+                first = False
+                if is_sealed_archive(chunk):
+                    opener = ArchiveOpener(keyring(self.settings), checkpoint_context(bucket, key))
+            yield opener.update(chunk) if opener else chunk
+        if opener:
+            yield opener.finish()
 
     async def _from_s3(self, bucket: str, key: str, offset: int = 0, length: int = 0) -> AsyncIterator[bytes]:
         ranged = {"Range": f"bytes={offset}-{offset + length - 1}"} if length > 0 else {}
@@ -209,14 +230,14 @@ def cache_app(cache: NodeCache) -> FastAPI:
 
     @app.get("/blobs/{sha}")
     async def get_blob(sha: str, bucket: str = "", key: str = "", peer: str = "", fill: bool = False,
-                       offset: int = 0, length: int = 0):
+                       offset: int = 0, length: int = 0, sealed: bool = False):
         """The blob; with fill=true only make sure it is here (a worker of this node then reads the
         file from the shared directory instead of over HTTP). offset/length: the blob is that byte
         range of the S3 object (an image archive's chunk)."""
         if offset < 0 or length < 0:
             raise HTTPException(400, "offset and length must not be negative")
         try:
-            path = await cache.get(sha, bucket, key, peer, offset, length)
+            path = await cache.get(sha, bucket, key, peer, offset, length, sealed)
         except HashMismatch as exc:
             raise HTTPException(502, f"refused: {exc}") from None
         except FileNotFoundError as exc:

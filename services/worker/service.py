@@ -106,6 +106,7 @@ class WorkerService(Service):
 
     async def on_start(self) -> None:
         self.state_dir.mkdir(parents=True, exist_ok=True)
+        self.state_dir.chmod(0o700)  # containers' config.json hold their secrets in clear: root only
         self.runtime, self.runtime_note = choose_runtime(self.settings, self.state_dir)
         log.info("worker %s: %s", self.worker_id, self.runtime_note)
 
@@ -372,7 +373,7 @@ class WorkerService(Service):
             return {}
         rows = await self.pool.fetch("SELECT name, ciphertext FROM worker.secrets WHERE workspace=$1 AND name = ANY($2)",
                                      workspace, names)
-        found = {r["name"]: decrypt(self.settings.secret_key, r["ciphertext"]) for r in rows}
+        found = {r["name"]: decrypt(self.settings, workspace, r["name"], r["ciphertext"]) for r in rows}
         missing = sorted(set(names) - set(found))
         if missing:
             raise RuntimeError(f"secret(s) {', '.join(missing)} not found in workspace {workspace!r}: "
