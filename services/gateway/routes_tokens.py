@@ -10,7 +10,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter, HTTPException
+from fastapi import APIRouter, HTTPException, Request, Response
+from fastapi.exceptions import RequestValidationError
+from fastapi.routing import APIRoute
 from pydantic import BaseModel, Field
 
 from levers9.contracts import events as E
@@ -23,6 +25,25 @@ from .deps import Gateway
 from .state import row_json
 
 router = APIRouter()
+
+
+class NoEchoRoute(APIRoute):
+    """A route whose validation errors leave out the input they refused: FastAPI's default 422
+    quotes it, and the input of a secrets route is a secret's value."""
+
+    def get_route_handler(self):  # type: ignore[no-untyped-def]
+        handler = super().get_route_handler()
+
+        async def route(request: Request) -> Response:
+            try:
+                return await handler(request)
+            except RequestValidationError as exc:
+                raise HTTPException(422, [{k: v for k, v in e.items() if k in ("type", "loc", "msg")}
+                                          for e in exc.errors()]) from None
+        return route
+
+
+secrets_router = APIRouter(route_class=NoEchoRoute)
 
 
 class TokenRequest(BaseModel):
@@ -64,7 +85,7 @@ async def revoke_token(token_id: str, caller: User, gw: Gateway) -> dict[str, An
     return {"token_id": token_id, "revoked": True}
 
 
-@router.post("/api/v1/secrets", status_code=201)
+@secrets_router.post("/api/v1/secrets", status_code=201)
 async def set_secret(body: SecretRequest, caller: User, gw: Gateway) -> dict[str, Any]:
     if len(body.value.encode()) > MAX_SECRET_BYTES:
         raise HTTPException(422, f"the value of secret {body.name!r} is {len(body.value.encode())} bytes; "
@@ -77,14 +98,14 @@ async def set_secret(body: SecretRequest, caller: User, gw: Gateway) -> dict[str
     return {"name": body.name}
 
 
-@router.get("/api/v1/secrets")
+@secrets_router.get("/api/v1/secrets")
 async def list_secrets(caller: User, gw: Gateway) -> list[dict[str, Any]]:
     rows = await gw.pool.fetch("SELECT name, updated_at FROM gateway.secrets WHERE workspace=$1 ORDER BY name",
                                caller.workspace)
     return [row_json(r) for r in rows]
 
 
-@router.delete("/api/v1/secrets/{name}")
+@secrets_router.delete("/api/v1/secrets/{name}")
 async def delete_secret(name: str, caller: User, gw: Gateway) -> dict[str, Any]:
     if await gw.pool.fetchval("SELECT 1 FROM gateway.secrets WHERE workspace=$1 AND name=$2",
                               caller.workspace, name) is None:
@@ -104,7 +125,7 @@ def _key_ids(rows: list[Any]) -> dict[str, int]:
     return counts
 
 
-@router.get("/api/v1/secrets/keys")
+@secrets_router.get("/api/v1/secrets/keys")
 async def secret_keys(caller: Admin, gw: Gateway) -> dict[str, Any]:
     """The gateway's keyring (ids only) and how many stored secrets, of all workspaces, each key
     wraps: a key may be retired once it wraps none."""
@@ -116,7 +137,7 @@ async def secret_keys(caller: Admin, gw: Gateway) -> dict[str, Any]:
     return {"primary": ring.primary, "keys": sorted(ring.keys), "by_key": _key_ids(rows)}
 
 
-@router.post("/api/v1/secrets/rewrap")
+@secrets_router.post("/api/v1/secrets/rewrap")
 async def rewrap_secrets(caller: Admin, gw: Gateway) -> dict[str, Any]:
     """Rewrap every stored secret (all workspaces) whose data key is not under the primary KEK:
     a SecretSet with the same sealed value, its data key wrapped anew. Values stay sealed."""
@@ -136,3 +157,6 @@ async def rewrap_secrets(caller: Admin, gw: Gateway) -> dict[str, Any]:
             await gw.publish(E.SecretSet(name=r["name"], ciphertext=token), r["workspace"])
             done += 1
     return {"primary": ring.primary, "secrets": len(rows), "rewrapped": done, "failed": failed}
+
+
+router.include_router(secrets_router)
