@@ -26,6 +26,8 @@ command -v umoci >/dev/null || need_apt+=(umoci)
 command -v fusermount3 >/dev/null || need_apt+=(fuse3)
 command -v pkg-config >/dev/null || need_apt+=(pkg-config)
 pkg-config --exists fuse3 2>/dev/null || need_apt+=(libfuse3-dev)
+# cloud buckets: s3fs-fuse mounts an S3 bucket per container on the worker
+command -v s3fs >/dev/null || need_apt+=(s3fs)
 if [ ${#need_apt[@]} -gt 0 ]; then
   if [ "$(id -u)" -ne 0 ]; then
     echo "setup: need root to install ${need_apt[*]} with apt-get (or install them yourself)" >&2

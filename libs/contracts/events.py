@@ -479,6 +479,8 @@ class FunctionCallFinished(Event, frozen=True, kw_only=True):
     retrying: bool = False
 
 
+from .events_volumes import VolumeCreated, VolumeDeleted  # noqa: E402 - they subclass Event
+
 AnyEvent = Union[
     DeploymentCreated, DeploymentStopped, DeploymentDeleted, DeploymentCheckpointClaimed,
     ContainerRequested, ContainerScheduled, PlacementDeferred, ContainerStarted, ContainerReady,
@@ -490,6 +492,7 @@ AnyEvent = Union[
     ImageDeleted,
     TokenCreated, TokenRevoked, SecretSet, SecretDeleted,
     FunctionCallStarted, FunctionCallFinished, CatalogueBuilt, WorkerCatalogueChecked,
+    VolumeCreated, VolumeDeleted,
 ]
 
 EVENT_TYPES: dict[str, type[Event]] = {cls.__name__: cls for cls in AnyEvent.__args__}  # type: ignore[attr-defined]

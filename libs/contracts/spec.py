@@ -13,6 +13,8 @@ from typing import Annotated, Literal
 import msgspec
 from msgspec import Meta
 
+from .volumes import BucketMount, VolumeMount, check_mounts
+
 Name = Annotated[str, Meta(pattern=r"^[a-z0-9][a-z0-9-]{0,62}$")]  # URL path, subject token, DNS label
 PoolName = Annotated[str, Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]{0,62}$")]
 Identifier = Annotated[str, Meta(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]
@@ -134,6 +136,11 @@ class DeploymentSpec(msgspec.Struct, frozen=True, kw_only=True):
     checkpoint_enabled: bool = False
     pool: PoolName = "default"
     function: FunctionOptions | None = None  # code.kind "function" only
+    volumes: list[VolumeMount] = []  # the workspace's volumes (levers9.contracts.volumes)
+    buckets: list[BucketMount] = []  # S3 buckets mounted per container
+
+    def __post_init__(self) -> None:
+        check_mounts(self.volumes, self.buckets)
 
 
 

@@ -13,7 +13,8 @@ ROOT = "levers9"
 STREAM = "LEVERS9"
 DLQ_STREAM = "LEVERS9_DLQ"
 DLQ_ROOT = "levers9dlq"
-AGGREGATES = ("deployment", "container", "worker", "pool", "checkpoint", "image", "token", "secret", "call", "catalogue")
+AGGREGATES = ("deployment", "container", "worker", "pool", "checkpoint", "image", "token", "secret", "call", "catalogue",
+              "volume")
 
 
 @dataclass(frozen=True)

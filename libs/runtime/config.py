@@ -60,6 +60,10 @@ class Settings:
     secret_key: str = ""  # the secrets keyring inline (levers9.runtime.secrets); else secret_key_file
     secret_key_file: str = ""  # the secrets keyring file; `levers9 up` writes one (0600) and names it here
     max_body_bytes: int = 16 * 1024 * 1024
+    # volumes: the JuiceFS file system (data in this S3 bucket, metadata in the database), mounted
+    # by each worker and the gateway under data_dir/<its name> (empty: <home>/data)
+    volumes_bucket: str = "levers9-volumes"
+    data_dir: str = ""
     # consumers
     max_deliver: int = 5
     fetch_batch: int = 256

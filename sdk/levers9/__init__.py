@@ -26,8 +26,9 @@ from levers9.function_errors import (
     ResultError,
 )
 from levers9.functions import Function, FunctionCall, Session
+from levers9.volumes import CloudBucket, Volume
 
-__all__ = ["App", "ConfigError", "Image", "Secret", "load_app_file", "__version__",
+__all__ = ["App", "ConfigError", "Image", "Secret", "load_app_file", "__version__", "Volume", "CloudBucket",
            "Function", "FunctionCall", "Session",
            "FunctionError", "RemoteError", "RemoteTraceback", "PlatformError", "FunctionTimeoutError",
            "FunctionCancelledError", "ArgumentError", "ResultError", "PythonVersionError", "GatewayError",

@@ -40,13 +40,14 @@ from levers9.options import (
     secret_names,
     whole,
 )
+from levers9.volumes import CloudBucket, Volume, split_mounts
 
-__all__ = ["App", "ConfigError", "Image", "Secret", "load_app_file", "parse_cpu", "parse_memory", "parse_gpu"]
+__all__ = ["App", "CloudBucket", "ConfigError", "Image", "Secret", "Volume", "load_app_file", "parse_cpu", "parse_memory", "parse_gpu"]
 
 # the top-level keys of DeploymentSpec, the ones a spec may have (image_ref is the gateway's: the SDK
 # never sends it)
 SPEC_KEYS = ("name", "app_name", "code", "image", "image_ref", "resources", "scaling", "timeout_seconds", "secrets",
-             "env", "checkpoint_enabled", "pool", "function")
+             "env", "checkpoint_enabled", "pool", "function", "volumes", "buckets")
 
 # ---- App -----------------------------------------------------------------------------------------
 
@@ -122,7 +123,7 @@ class App:
         '512Mi'/'2Gi'), gpu (a type or a list in order of preference), gpu_count, image,
         keep_warm_seconds, min_containers, max_containers, concurrency, timeout (seconds), secrets,
         env, on_start (a top-level function; its value is context.on_start_value),
-        checkpoint_enabled, pool. A mistake raises ConfigError saying how to fix it.
+        checkpoint_enabled, pool, volumes (Volume and CloudBucket objects). A mistake raises ConfigError saying how to fix it.
         """
         return self._decorator("endpoint", func, options)
 
@@ -142,7 +143,7 @@ class App:
                   keep_warm_seconds: Any = UNSET, min_containers: Any = UNSET, max_containers: Any = UNSET,
                   concurrency: Any = UNSET, timeout: Any = UNSET, secrets: Any = None, env: Any = None,
                   on_start: Callable[..., Any] | None = None, checkpoint_enabled: Any = UNSET,
-                  pool: Any = UNSET, function: Any = UNSET) -> _Registration:
+                  pool: Any = UNSET, function: Any = UNSET, volumes: Any = None) -> _Registration:
         """Check the options and keep the spec: only what was passed (and what the SDK works out),
         so DeploymentSpec's defaults apply to the rest."""
         handler, name = self._names(kind, obj, name)
@@ -167,6 +168,8 @@ class App:
             "pool": given(pool, lambda v: check_name(v, "pool")),
             "function": function,
         }
+        if volumes is not None:  # Volume(...) and CloudBucket(...) objects (levers9.volumes)
+            spec["volumes"], spec["buckets"] = split_mounts(volumes)
         registration = _Registration(obj, drop_unset(spec), on_start)
         self._registrations.append(registration)
         return registration

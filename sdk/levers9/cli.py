@@ -20,6 +20,7 @@ from levers9.cli_catalogue import catalogue_app
 from levers9.cli_functions import register as _register_function_commands
 from levers9.cli_images import register as _register_image_commands
 from levers9.cli_secrets import register as _register_secret_commands
+from levers9.cli_volumes import register as _register_volume_commands
 from levers9.runtime.config import SERVICES, Settings, write_profile
 
 app = typer.Typer(help="levers9: run code in containers; restore checkpoints instead of booting cold.",
@@ -35,6 +36,7 @@ _register_app_commands(app)
 _register_function_commands(app)
 _register_image_commands(app)
 _register_secret_commands()
+_register_volume_commands(app)
 
 console = Console(stderr=True, soft_wrap=True)
 out = Console(width=None if sys.stdout.isatty() else 250)  # pipes and files get whole lines

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from fastapi import FastAPI
 
+from levers9.runtime import juicefs
+
 from . import (
     routes_catalogues,
     routes_checkpoints,
@@ -20,20 +22,26 @@ from . import (
     routes_internal,
     routes_invoke,
     routes_tokens,
+    routes_volumes,
     routes_workers,
 )
 from .functions_grpc import serve as serve_functions
 from .state import Gateway
 
 ROUTERS = (routes_tokens, routes_catalogues, routes_deployments, routes_images, routes_containers, routes_checkpoints, routes_workers,
-           routes_internal, routes_functions, routes_invoke)
+           routes_internal, routes_functions, routes_invoke, routes_volumes)
 
 
 class GatewayService(Gateway):
     def routes(self, app: FastAPI) -> None:
         app.state.gateway = self
+        app.state.juicefs = self.juicefs = juicefs.Mount(self.settings, "gateway")  # volumes (routes_volumes)
         for module in ROUTERS:
             app.include_router(module.router)
+
+    async def on_stop(self) -> None:
+        await super().on_stop()
+        await self.juicefs.close()
 
     def background(self):
         return [*super().background(), lambda stop: serve_functions(self, stop)]

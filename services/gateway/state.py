@@ -35,6 +35,7 @@ from levers9.runtime.views import (
     TokensView,
     WorkersView,
 )
+from levers9.runtime.views_volumes import VolumesView
 
 from .router import DeploymentRouter
 
@@ -80,7 +81,7 @@ def route_update(ev: E.Event) -> RouteUpdate | None:
 class Gateway(Service):
     name = "gateway"
     projections = (TokensView(), DeploymentsView(), ContainersView(), WorkersView(), SecretsView(), CheckpointsView(),
-                   ImageBuildsView())
+                   ImageBuildsView(), VolumesView())
     http: httpx.AsyncClient  # set by on_start
     session: aiohttp.ClientSession  # set by on_start
 

@@ -84,6 +84,9 @@ def _mounts(spec: ContainerSpec) -> list[dict[str, Any]]:
         {"destination": "/opt/levers9", "type": "bind", "source": str(Path(spec.sdk_dir).resolve()),
          "options": bind_ro},
         *_function_mounts(spec),
+        # volumes and buckets: FUSE mounts on the host; runc gives CRIU every bind as an external mount
+        *({"destination": b.destination, "type": "bind", "source": b.source,
+           "options": ["bind", "ro" if b.read_only else "rw", "nosuid", "nodev"]} for b in spec.binds),
     ]
 
 

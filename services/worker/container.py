@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from levers9.contracts.spec import ImageRef
+from levers9.contracts.volumes import Bind
 from levers9.runtime.config import Settings
 
 if TYPE_CHECKING:
@@ -43,6 +44,7 @@ class ContainerSpec:
     executor_dir: Path | None = None
     vendor_dir: Path | None = None
     packages_dir: Path | None = None
+    binds: tuple[Bind, ...] = ()  # volumes and buckets (levers9.worker.volumes): host dir -> container path
 
     def __post_init__(self) -> None:
         if not CONTAINER_ID.match(self.container_id):

@@ -44,7 +44,7 @@ from levers9.runtime.service import Service
 from levers9.runtime.tasks import spawn
 from levers9.runtime.views import CheckpointsView, ContainersView, DeploymentsView, SecretsView, WorkersView
 
-from . import checkpointing
+from . import checkpointing, volumes
 from .builder import Builds
 from .catalogue_check import CatalogueCheck
 from .container import ContainerSpec, Exit, Runtime, Started
@@ -91,6 +91,7 @@ class WorkerService(Service):
         self.cache_url = f"http://{self.settings.http_host}:{self.settings.cache_port}"
         self.checkpoints = checkpointing.Checkpoints(self)
         self.sandboxes = Sandboxes(self.settings, self.state_dir)
+        self.volumes = volumes.WorkerVolumes(self.settings, self.worker_id, self.state_dir, self.secret_env)
         self.catalogue_check = CatalogueCheck(self.worker_id, self.settings, lambda env: self.bus.publish(env),
                                               lambda: (self.runtime.name, self.runtime.checkpoint_ready), self.ready,
                                               self.checkpoints.warm)
@@ -111,7 +112,8 @@ class WorkerService(Service):
         log.info("worker %s: %s", self.worker_id, self.runtime_note)
 
     def background(self):
-        return [self.prepare_and_register, self.heartbeat, self.monitor, self.serve_cache, self.sandboxes.serve]
+        return [self.prepare_and_register, self.heartbeat, self.monitor, self.serve_cache, self.sandboxes.serve,
+                self.volumes.serve]
 
     async def serve_cache(self, stop: asyncio.Event) -> None:
         """The node content cache; the first worker of a node serves it, the others share it."""
@@ -257,6 +259,7 @@ class WorkerService(Service):
                                                  max_body_bytes=self.settings.max_body_bytes),
                                   cpu_millicores=ev.resources.cpu_millicores, memory_mib=ev.resources.memory_mib,
                                   image=c.spec.image_ref,
+                                  binds=await self.volumes.binds(c.workspace, c.container_id, c.spec, self.runtime),
                                   **(self.sandboxes.container_fields(c.container_id, c.workspace)
                                      if is_function(c.spec) else {}))
         except Exception as exc:  # noqa: BLE001 - every failure becomes ContainerFailed with its reason
@@ -410,6 +413,7 @@ class WorkerService(Service):
         else:
             await self.emit(c, E.ContainerStopped(container_id=c.container_id, worker_id=self.worker_id,
                                                   exit_code=ended.code or 0, reason=ended.reason))
+        await self.volumes.release(c.container_id)  # its buckets, once it is stopped
 
     async def emit(self, c: Running, event: E.Event) -> None:
         await self.bus.publish(envelope(event, workspace=c.workspace, correlation_id=c.correlation_id))
