@@ -55,6 +55,8 @@ class Settings:
     runtime: str = "auto"  # auto | runc | process
     bridge_name: str = "levers9br0"
     bridge_subnet: str = "10.209.0.0/24"  # containers' addresses; keep it clear of real networks
+    container_peers: str = "none"  # which containers may reach each other: none | deployment | workspace
+    container_egress: str = ""  # networks containers may connect to beyond the bridge (CIDRs, comma-separated)
     image_cache: str = "/var/cache/levers9"  # base root file systems, shared by workers of a machine
     pools_file: str = ""  # pools config (TOML); empty: one pool `default`, local backend, 1 warm worker
     secret_key: str = ""  # the secrets keyring inline (levers9.runtime.secrets); else secret_key_file

@@ -18,6 +18,7 @@ from typing import Any
 
 from levers9.executor import wire
 
+from . import seccomp
 from .container import ContainerSpec
 
 LOG_DIR = "/var/log/levers9"
@@ -148,6 +149,7 @@ def bundle_spec(spec: ContainerSpec, rootfs_path: Path, netns_path: Path, *,
             "resources": _resources(spec),
             "maskedPaths": list(MASKED_PATHS),
             "readonlyPaths": list(READONLY_PATHS),
+            "seccomp": seccomp.profile(CAPABILITIES),  # Docker's default profile (levers9.worker.seccomp)
         },
     }
     if criu_config is not None:

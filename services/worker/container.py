@@ -44,6 +44,8 @@ class ContainerSpec:
     executor_dir: Path | None = None
     vendor_dir: Path | None = None
     packages_dir: Path | None = None
+    workspace: str = ""  # whose container it is, and of which deployment: its peer group (firewall)
+    deployment_id: str = ""
     binds: tuple[Bind, ...] = ()  # volumes and buckets (levers9.worker.volumes): host dir -> container path
 
     def __post_init__(self) -> None:

@@ -5,11 +5,13 @@ gets its own namespace `l9-<short>` with `eth0` (an address of the subnet) and `
 route via the bridge address. The gateway runs on this host and talks to the containers' addresses
 directly over the bridge, so there is no IP forwarding and no NAT: containers get no outbound
 internet and reach nothing beyond this subnet (the machines' network rule). Keep the subnet
-configurable and clear of real networks.
+configurable and clear of real networks. The firewall (levers9.worker.firewall) keeps containers off
+the host and off each other; its rules are rendered from the claims below (`members`).
 
 Addresses are allocated across all worker processes of the machine by claim files created with
 O_EXCL in `/run/levers9/ipam/<bridge>/<ip>` (tmpfs: they vanish on reboot, like the namespaces).
-A claim holds its owner's container id, worker pid and state dir.
+A claim holds its owner's container id, worker pid and state dir, and the container's peer group
+(firewall.peer_group: "" when it may reach no other container).
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ import os
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+
+from . import firewall
 
 IPAM_ROOT = Path("/run/levers9/ipam")
 NETNS_DIR = Path("/run/netns")
@@ -84,6 +88,7 @@ class Claim:
     pid: int
     state_dir: str
     netns: str
+    group: str = ""
 
 
 class Ipam:
@@ -106,13 +111,13 @@ class Ipam:
                 data = {}  # being written right now, or torn: still taken
             found.append(Claim(ip=path.name, container_id=data.get("container_id", ""),
                                pid=int(data.get("pid", 0)), state_dir=data.get("state_dir", ""),
-                               netns=data.get("netns", "")))
+                               netns=data.get("netns", ""), group=data.get("group", "")))
         return found
 
-    def claim(self, container_id: str, state_dir: Path, netns: str) -> str:
+    def claim(self, container_id: str, state_dir: Path, netns: str, group: str = "") -> str:
         self.dir.mkdir(parents=True, exist_ok=True)
         body = json.dumps({"container_id": container_id, "pid": os.getpid(),
-                           "state_dir": str(state_dir), "netns": netns}).encode()
+                           "state_dir": str(state_dir), "netns": netns, "group": group}).encode()
         tried: set[str] = set()
         reclaimed = False
         while True:
@@ -133,6 +138,11 @@ class Ipam:
             with os.fdopen(fd, "wb") as f:
                 f.write(body)
             return ip
+
+    def members(self) -> list[firewall.Member]:
+        """The firewall's view of the bridge: every claimed container's host veth and peer group."""
+        return [firewall.Member(firewall.host_veth_of(c.netns), c.group) for c in self.claims()
+                if firewall.host_veth_of(c.netns)]
 
     def release(self, ip: str, container_id: str) -> None:
         """Remove the claim of `ip` if `container_id` still holds it."""

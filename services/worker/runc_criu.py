@@ -186,7 +186,7 @@ class RuncCheckpoints(RuncLifecycle):
                                f"implements {sorted(wire.SUPPORTED_GENERATIONS)}")
         rec.port = manifest["port"]
         names = self.names(cid)
-        rec.ip = self.ipam.claim(cid, self.state_dir, names.netns)
+        rec.ip = self.ipam.claim(cid, self.state_dir, names.netns, group=self.peer_group(spec))
         self._save(rec)
         # the writable layer is this container's own copy; the images are read in place
         await _run_checked(["cp", "-a", str(template / ckpt.UPPER), str(cdir / "upper")])

@@ -25,7 +25,7 @@ import msgspec
 from levers9.contracts.spec import ImageRef
 from levers9.runtime.config import Settings
 
-from . import cgroups, network, rootfs
+from . import cgroups, firewall, network, rootfs
 from . import checkpoint as ckpt
 from .bundle import EXIT_FILE, LOG_FILE, bundle_spec, cgroups_path, spec_record, upper_files, write_upper
 from .container import ContainerError, ContainerSpec, Exit, Progress, Runtime, Started, exit_of, proc_state, start_time
@@ -79,8 +79,18 @@ class RuncLifecycle(Runtime):
                                                  Path(self.settings.image_cache), threadsafe)
         if not self._bridge_ready:
             addr = await network.ensure_bridge(self.settings.bridge_name, self.settings.bridge_subnet)
-            progress(f"bridge {self.settings.bridge_name} up at {addr}")
+            await self.guard()
+            progress(f"bridge {self.settings.bridge_name} up at {addr}, containers firewalled")
             self._bridge_ready = True
+
+    async def guard(self) -> None:
+        """The bridge's firewall rules for the containers claimed on it now (levers9.worker.firewall)."""
+        s = self.settings
+        await firewall.sync(s.bridge_name, self.ipam.members, s.container_egress,
+                            (s.nats_url, s.database_url, s.s3_endpoint, s.registry, s.gateway_url))
+
+    def peer_group(self, spec: ContainerSpec) -> str:
+        return firewall.peer_group(self.settings.container_peers, spec.workspace, spec.deployment_id)
 
     def container_dir(self, container_id: str) -> Path:
         return self.containers_dir / container_id
@@ -134,6 +144,7 @@ class RuncLifecycle(Runtime):
         mount_overlay(lower, cdir / "upper", cdir / "work", cdir / "rootfs")
         await network.attach(self.names(rec.container_id), self.settings.bridge_name,
                              self.settings.bridge_subnet, rec.ip)
+        await self.guard()  # before its process runs: its port joins the rules
         await self._forget_neighbor(rec.ip)
 
     async def start(self, spec: ContainerSpec) -> Started:
@@ -142,7 +153,7 @@ class RuncLifecycle(Runtime):
         rec = Record(cid, ip="", port=spec.port, memory_mib=spec.memory_mib)
         try:
             names = self.names(cid)
-            rec.ip = self.ipam.claim(cid, self.state_dir, names.netns)
+            rec.ip = self.ipam.claim(cid, self.state_dir, names.netns, group=self.peer_group(spec))
             self._save(rec)
             write_upper(cdir / "upper", upper_files(spec, rec.ip))
             await self._overlay_and_network(rec, cdir, spec.image)
@@ -250,7 +261,8 @@ class RuncLifecycle(Runtime):
         unmount(cdir / "rootfs")
         await self.images.release(cid)
         await network.detach(self.names(cid))
-        self.ipam.release_owned(cid, self.state_dir)
+        if self.ipam.release_owned(cid, self.state_dir):
+            await self.guard()
         if keep_log:
             live_log = cdir / "upper" / LOG_FILE.lstrip("/")
             if live_log.exists():

@@ -258,7 +258,7 @@ class WorkerService(Service):
                                                  container_id=c.container_id, deployment_id=c.deployment_id,
                                                  max_body_bytes=self.settings.max_body_bytes),
                                   cpu_millicores=ev.resources.cpu_millicores, memory_mib=ev.resources.memory_mib,
-                                  image=c.spec.image_ref,
+                                  image=c.spec.image_ref, workspace=c.workspace, deployment_id=c.deployment_id,
                                   binds=await self.volumes.binds(c.workspace, c.container_id, c.spec, self.runtime),
                                   **(self.sandboxes.container_fields(c.container_id, c.workspace)
                                      if is_function(c.spec) else {}))

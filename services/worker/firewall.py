@@ -1,0 +1,206 @@
+"""The worker's firewall on its bridge: containers reach nothing of the host and no other container.
+
+One nftables script per bridge, rendered from the bridge's address claims (levers9.worker.network)
+by a pure function and applied atomically with `nft -f` (the script deletes and recreates its two
+tables in one transaction, so applying it again is a no-op and a half-applied state never exists):
+
+- `table inet levers9_<bridge>`, hook input: traffic that enters the host from the bridge is
+  dropped unless it answers a connection the host opened (ct established/related). This covers
+  every host address (the bridge's own, eth0's, IPv6 link-local ones): whatever they arrive on,
+  packets from a container are delivered locally through the bridge. The gateway and the worker
+  open their connections to containers, so their answers pass.
+- same table, hook forward: a container's traffic routed beyond the bridge is dropped unless its
+  destination is in `container_egress` (default: none, as before: no ip_forward, no NAT) and not a
+  platform address; nothing from outside is routed into the bridge unless it answers.
+- `table bridge levers9_<bridge>`, hook forward: frames between two container ports of the bridge
+  are dropped unless both containers are in the same peer group (`container_peers`: "none", the
+  default, no group at all; "deployment": same workspace and deployment; "workspace": same
+  workspace). ARP passes. Ports are named by the host veth (`l9h…`, one per container), never by
+  IP, so a stale entry or a spoofed address opens nothing.
+
+The rules live as long as the bridge (they are what makes a container on it safe); a container's
+entries go with its claim when it is torn down; `remove` drops both tables.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import hashlib
+import ipaddress
+import re
+import shutil
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlsplit
+
+PEER_POLICIES = ("none", "deployment", "workspace")
+
+
+class FirewallError(RuntimeError):
+    pass
+
+
+# ---- pure ----------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Member:
+    """One container on the bridge: its host-side veth and its peer group ("" = none)."""
+    host_veth: str
+    group: str = ""
+
+
+def peer_group(policy: str, workspace: str, deployment_id: str) -> str:
+    """The peer group of a container under `policy` ("" = it reaches no other container)."""
+    if policy not in PEER_POLICIES:
+        raise FirewallError(f"container_peers must be one of {', '.join(PEER_POLICIES)}, not {policy!r}")
+    if policy == "workspace" and workspace:
+        return f"w:{workspace}"
+    if policy == "deployment" and workspace and deployment_id:
+        return f"d:{workspace}/{deployment_id}"
+    return ""
+
+
+def host_veth_of(netns: str) -> str:
+    """The host end of a container's veth pair from its namespace name (network.Names: l9-X, l9hX)."""
+    return "l9h" + netns[3:] if netns.startswith("l9-") else ""
+
+
+def parse_egress(text: str) -> list[ipaddress.IPv4Network | ipaddress.IPv6Network]:
+    """`container_egress`: comma-separated networks containers may open connections to beyond the
+    bridge (empty: none). Raises FirewallError saying which entry is wrong."""
+    nets: list[ipaddress.IPv4Network | ipaddress.IPv6Network] = []
+    for item in (part.strip() for part in text.split(",")):
+        if not item:
+            continue
+        try:
+            nets.append(ipaddress.ip_network(item, strict=False))
+        except ValueError:
+            raise FirewallError(f"container_egress: {item!r} is not a network (e.g. 203.0.113.0/24, "
+                                f"0.0.0.0/0)") from None
+    return nets
+
+
+def platform_addresses(urls: Iterable[str]) -> list[ipaddress.IPv4Address | ipaddress.IPv6Address]:
+    """The IP literals of the control plane's URLs (NATS, Postgres, S3, registry): never egress,
+    whatever `container_egress` allows (host names are not resolved here)."""
+    found = []
+    for url in urls:
+        if not url:
+            continue
+        host = urlsplit(url if "://" in url else f"//{url}").hostname or ""
+        try:
+            found.append(ipaddress.ip_address(host))
+        except ValueError:
+            continue
+    return sorted(set(found), key=lambda a: (a.version, int(a)))
+
+
+def table_name(bridge: str) -> str:
+    return "levers9_" + re.sub(r"[^A-Za-z0-9_]", "_", bridge)
+
+
+def _set_name(group: str) -> str:
+    return "g_" + hashlib.sha1(group.encode()).hexdigest()[:12]
+
+
+def _elements(names: Iterable[str]) -> str:
+    names = sorted(set(names))
+    return f" elements = {{ {', '.join(_quoted(n) for n in names)} }};" if names else ""
+
+
+def _quoted(name: str) -> str:
+    if not re.fullmatch(r"[A-Za-z0-9_.:-]{1,15}", name):
+        raise FirewallError(f"interface name {name!r} cannot go into a rule")
+    return f'"{name}"'
+
+
+def _egress_rules(br: str, egress: list, deny: list) -> list[str]:
+    rules = []
+    for addr in deny:
+        rules.append(f"iifname {br} {'ip' if addr.version == 4 else 'ip6'} daddr {addr} drop")
+    for net in egress:
+        rules.append(f"iifname {br} {'ip' if net.version == 4 else 'ip6'} daddr {net} accept")
+    return rules
+
+
+def ruleset(bridge: str, members: Iterable[Member], egress: Iterable = (), deny: Iterable = ()) -> str:
+    """The nft script that makes the bridge's rules exactly these (idempotent, atomic)."""
+    br, table = _quoted(bridge), table_name(bridge)
+    members = list(members)
+    groups: dict[str, list[str]] = {}
+    for m in members:
+        if m.group:
+            groups.setdefault(m.group, []).append(m.host_veth)
+    peer_sets = [f"  set {_set_name(g)} {{ type ifname;{_elements(v)} }}" for g, v in sorted(groups.items())]
+    peer_rules = [f"    iifname @{_set_name(g)} oifname @{_set_name(g)} accept" for g in sorted(groups)]
+    forward = [f"iifname {br} oifname {br} accept",  # bridged (br_netfilter): the bridge table decides
+               *_egress_rules(br, list(egress), list(deny)),
+               f"iifname {br} drop",
+               f"oifname {br} ct state established,related accept",
+               f"oifname {br} drop"]
+    lines = [
+        f"table inet {table}", f"delete table inet {table}", f"table inet {table} {{",
+        "  chain input { type filter hook input priority -10; policy accept;",
+        f"    iifname {br} ct state established,related accept",
+        f"    iifname {br} drop",
+        "  }",
+        "  chain forward { type filter hook forward priority -10; policy accept;",
+        *(f"    {rule}" for rule in forward),
+        "  }", "}",
+        f"table bridge {table}", f"delete table bridge {table}", f"table bridge {table} {{",
+        f"  set ports {{ type ifname;{_elements(m.host_veth for m in members)} }}",
+        *peer_sets,
+        "  chain forward { type filter hook forward priority -10; policy accept;",
+        "    ether type arp accept",
+        *peer_rules,
+        "    iifname @ports drop",
+        "    oifname @ports drop",
+        "  }", "}",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def removal(bridge: str) -> str:
+    """The nft script that removes the bridge's tables (present or not)."""
+    table = table_name(bridge)
+    return "".join(f"table {family} {table}\ndelete table {family} {table}\n" for family in ("inet", "bridge"))
+
+
+# ---- nft(8) --------------------------------------------------------------------------------------
+
+def nft_missing() -> str | None:
+    """Why the firewall cannot be installed here, or None."""
+    if not shutil.which("nft", path="/usr/sbin:/sbin:/usr/bin:/bin"):
+        return "nft is not installed (apt-get install nftables; scripts/setup.sh does)"
+    return None
+
+
+async def apply(script: str) -> None:
+    missing = nft_missing()
+    if missing:
+        raise FirewallError(f"cannot isolate containers: {missing}")
+    nft = shutil.which("nft", path="/usr/sbin:/sbin:/usr/bin:/bin") or "nft"
+    proc = await asyncio.create_subprocess_exec(nft, "-f", "-", stdin=asyncio.subprocess.PIPE,
+                                                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    _, err = await proc.communicate(script.encode())
+    if proc.returncode != 0:
+        raise FirewallError(f"nft refused the container firewall: {err.decode().strip() or proc.returncode}")
+
+
+async def sync(bridge: str, members_of: Callable[[], list[Member]], egress: str = "", platform_urls: Iterable[str] = (),
+               lock_dir: Path = Path("/run/levers9/ipam")) -> None:
+    """Render the bridge's rules from its current members and apply them; one writer at a time
+    across the machine's workers (a stale snapshot would only leave out a container: closed)."""
+    nets = parse_egress(egress)
+    deny = platform_addresses(platform_urls)
+    lock_dir.mkdir(parents=True, exist_ok=True)
+    with open(lock_dir / f".{bridge}.firewall.lock", "w") as lock:
+        await asyncio.to_thread(fcntl.flock, lock, fcntl.LOCK_EX)
+        await apply(ruleset(bridge, members_of(), nets, deny))
+
+
+async def remove(bridge: str) -> None:
+    await apply(removal(bridge))
+
