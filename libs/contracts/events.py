@@ -405,7 +405,7 @@ class TokenRevoked(Event, frozen=True, kw_only=True):
 
 
 class SecretSet(Event, frozen=True, kw_only=True):
-    """The value is encrypted (Fernet, key LEVERS9_SECRET_KEY); plaintext never enters the log."""
+    """The value is sealed (levers9.runtime.sealing, AES-256-GCM); plaintext never enters the log."""
     AGGREGATE = "secret"
     ID_FIELD = "name"
     name: str

@@ -35,7 +35,7 @@ import os
 import re
 import struct
 from dataclasses import dataclass, field
-from typing import Mapping
+from typing import Callable, Mapping
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
@@ -230,19 +230,15 @@ class ArchiveSealer:
     def header(self) -> bytes:
         return self.header_bytes
 
-    def _seal(self, data: bytes, final: bool) -> bytes:
+    def _seal(self, data: bytes | memoryview, final: bool) -> bytes:
         nonce = self.prefix + struct.pack(">I", self.index)
         self.index += 1
         return self.aead.encrypt(nonce, data, self.header_bytes + (b"\x01" if final else b"\x00"))
 
     def update(self, chunk: bytes) -> bytes:
         self.buffer += chunk
-        out = bytearray()
         # keep at least one byte back: the last segment must be sealed as the final one
-        while len(self.buffer) > self.segment:
-            out += self._seal(bytes(self.buffer[:self.segment]), final=False)
-            del self.buffer[:self.segment]
-        return bytes(out)
+        return _segments(self.buffer, self.segment, self._seal)
 
     def finish(self) -> bytes:
         out = self._seal(bytes(self.buffer), final=True)
@@ -287,7 +283,7 @@ class ArchiveOpener:
         del self.buffer[:end]
         return True
 
-    def _open(self, data: bytes, final: bool) -> bytes:
+    def _open(self, data: bytes | memoryview, final: bool) -> bytes:
         assert self.aead is not None
         nonce = self.prefix + struct.pack(">I", self.index)
         self.index += 1
@@ -301,12 +297,8 @@ class ArchiveOpener:
         self.buffer += chunk
         if self.aead is None and not self._read_header():
             return b""
-        out = bytearray()
-        whole = self.segment + TAG
-        while len(self.buffer) > whole:  # more follows, so this one is not the final segment
-            out += self._open(bytes(self.buffer[:whole]), final=False)
-            del self.buffer[:whole]
-        return bytes(out)
+        # a segment with more after it is not the final one
+        return _segments(self.buffer, self.segment + TAG, self._open)
 
     def finish(self) -> bytes:
         if self.aead is None:
@@ -314,6 +306,18 @@ class ArchiveOpener:
         out = self._open(bytes(self.buffer), final=True)
         self.buffer.clear()
         return out
+
+
+def _segments(buffer: bytearray, size: int, each: Callable[[memoryview, bool], bytes]) -> bytes:
+    """`each` over the whole segments of `buffer` that have at least one byte after them (so none
+    of them is the final one), without copying them out; they leave the buffer."""
+    n = (len(buffer) - 1) // size if buffer else 0
+    if n <= 0:
+        return b""
+    with memoryview(buffer) as view:
+        out = b"".join([each(view[i * size:(i + 1) * size], False) for i in range(n)])
+    del buffer[:n * size]
+    return out
 
 
 def seal_archive(ring: Keyring, data: bytes, context: str, segment: int = SEGMENT) -> bytes:

@@ -254,7 +254,7 @@ class DeploymentsView(Projection):
 
 
 class SecretsView(Projection):
-    """Secrets as ciphertext; only a holder of LEVERS9_SECRET_KEY can read them."""
+    """Secrets as sealed values (levers9.runtime.sealing); only a holder of the keyring can open them."""
     name = "secrets"
     filter_subjects = (subjects.filter_subject(aggregate="secret"),)
     tables = ("secrets",)
