@@ -97,7 +97,7 @@ def decode(payload: bytes, subject: str | None = None) -> Message:
     """
     try:
         env = _envelope_decoder.decode(payload)
-    except msgspec.DecodeError as exc:
+    except (msgspec.DecodeError, UnicodeDecodeError) as exc:  # msgspec lets some invalid UTF-8 through
         raise ContractError(f"envelope does not decode: {exc}") from None
     if not UUID_RE.fullmatch(env.id):
         raise ContractError(f"envelope id {env.id!r} is not a lowercase UUID")
@@ -117,7 +117,7 @@ def decode(payload: bytes, subject: str | None = None) -> Message:
         else:
             body = upcast(env.type, env.version, cls.VERSION, msgspec.json.decode(env.data))
             event = msgspec.convert(body, cls)
-    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+    except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError) as exc:  # Raw keeps bad UTF-8
         raise ContractError(f"{env.type} v{env.version} body is not valid: {exc}") from None
     except UnknownVersion as exc:
         raise ContractError(str(exc)) from None
