@@ -25,7 +25,9 @@ from . import (
     routes_volumes,
     routes_workers,
 )
+from .errors import install as install_error_handlers
 from .functions_grpc import serve as serve_functions
+from .openapi_docs import document
 from .state import Gateway
 
 ROUTERS = (routes_tokens, routes_catalogues, routes_deployments, routes_images, routes_containers, routes_checkpoints, routes_workers,
@@ -38,6 +40,8 @@ class GatewayService(Gateway):
         app.state.juicefs = self.juicefs = juicefs.Mount(self.settings, "gateway")  # volumes (routes_volumes)
         for module in ROUTERS:
             app.include_router(module.router)
+        install_error_handlers(app)  # a server it needs is down: 503 with its name, not a bare 500
+        document(app)  # every status code a route answers is in /openapi.json
 
     async def on_stop(self) -> None:
         await super().on_stop()

@@ -1,0 +1,109 @@
+"""The status codes the gateway's OpenAPI documents, beside the ones FastAPI infers (the declared
+success code and 422): every error a route can answer, with the `detail` body it carries.
+
+Kept in one table so a route module needs no decorator noise; the table is per route module (what
+its handlers raise, read from them) plus what every authenticated route can answer (401 without a
+valid token, 403 for a token that may not use that route). tests/e2e/test_fuzz.py runs schemathesis
+with all its checks against the spec, so a code answered but not documented here fails there.
+Calls to an endpoint (/endpoint/...) answer whatever the user's handler answers: `default`."""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any, Iterable, Iterator
+
+from fastapi import FastAPI
+from fastapi.openapi.utils import get_openapi
+from fastapi.routing import APIRoute
+
+WHY = {
+    400: "The request is not valid (the detail says what to change).",
+    401: "Missing, unknown or revoked bearer token.",
+    403: "This token may not use this route (a worker token on the user API, or platform objects "
+         "with a token of another workspace).",
+    404: "No such object in the caller's workspace.",
+    409: "The object's state does not allow this now (the detail says why).",
+    410: "That version of the endpoint was stopped or deleted.",
+    413: "The body is over the gateway's limit.",
+    422: "The body or a parameter does not validate.",
+    500: "The function raised: its exception type, message and traceback are in the body.",
+    502: "A container failed to start or answer: the detail says why.",
+    503: "A dependency is not reachable or not ready yet (no capacity, object storage down...): retry later.",
+    504: "The call ran past its timeout.",
+}
+
+AUTHENTICATED = (401, 403)
+UNAVAILABLE = 503  # any route: a server it needs (Postgres, NATS, S3) is unreachable (see service.py)
+
+# what each route module's handlers raise, besides 401/403/422/503 (every authenticated route)
+BY_MODULE: dict[str, tuple[int, ...]] = {
+    "routes_tokens": (400, 404),
+    "routes_catalogues": (400, 404, 409, 413),
+    "routes_deployments": (400, 404, 409, 413),
+    "routes_images": (400, 404, 409),
+    "routes_containers": (404, 502),
+    "routes_checkpoints": (404, 409),
+    "routes_workers": (404,),
+    "routes_internal": (404,),
+    "routes_functions": (400, 404, 409, 413, 500, 502, 504),
+    "routes_invoke": (404, 410, 413, 502, 504),
+    "routes_volumes": (400, 404, 409, 413),
+}
+PUBLIC = {"/healthz", "/metrics"}
+
+
+def _error(code: int) -> dict[str, Any]:
+    return {"description": WHY[code], "content": {"application/json": {"schema": {
+        "type": "object", "properties": {"detail": {}}, "required": ["detail"]}}}}
+
+
+def responses_for(module: str, path: str) -> dict[str, dict[str, Any]]:
+    """The error responses of one route: what its module raises, plus what every authenticated route can."""
+    if path in PUBLIC:
+        return {}
+    codes = set(BY_MODULE.get(module.rsplit(".", 1)[-1], ())) | set(AUTHENTICATED) | {UNAVAILABLE, 422}
+    out = {str(code): _error(code) for code in sorted(codes)}
+    if module.endswith("routes_invoke"):
+        out["default"] = {"description": "Whatever the endpoint's own handler answers."}
+    return out
+
+
+def document(app: FastAPI) -> None:
+    """Make app.openapi() document every route's error responses (computed once, like FastAPI's)."""
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            with warnings.catch_warnings():  # a route of several methods: its ids are made unique below
+                warnings.filterwarnings("ignore", "Duplicate Operation ID")
+                schema = get_openapi(title=app.title, version=app.version, routes=app.routes)
+            for path, route in api_routes(app.routes):
+                extra = responses_for(route.endpoint.__module__, path)
+                for method in route.methods or ():
+                    op = schema["paths"].get(path, {}).get(method.lower())
+                    if op is not None:
+                        op["responses"] = {**extra, **op.get("responses", {})}
+            unique_operation_ids(schema)
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    setattr(app, "openapi", openapi)  # noqa: B010 - FastAPI's documented way to customise the schema
+
+
+def api_routes(routes: Iterable[Any], prefix: str = "") -> Iterator[tuple[str, APIRoute]]:
+    """(path as the spec writes it, route) of every API route, into included routers too (FastAPI
+    keeps an included router as one lazy entry; its prefix is in its include context)."""
+    for route in routes:
+        if isinstance(route, APIRoute):
+            yield prefix + route.path_format, route
+        elif hasattr(route, "original_router"):
+            context = getattr(route, "include_context", None)
+            yield from api_routes(route.original_router.routes, prefix + (getattr(context, "prefix", "") or ""))
+
+
+def unique_operation_ids(schema: dict[str, Any]) -> None:
+    """FastAPI gives every method of one multi-method route the same operationId; OpenAPI wants them unique."""
+    seen: set[str] = set()
+    for path, ops in schema["paths"].items():
+        for method, op in ops.items():
+            if op.get("operationId") in seen:
+                op["operationId"] = f"{op['operationId']}_{method}_{len(seen)}"
+            seen.add(op.get("operationId", f"{method} {path}"))
