@@ -52,17 +52,21 @@ def log(message: str) -> None:
 
 # ---- what is measured ------------------------------------------------------------------------------
 
-async def _consumers(nats_url: str) -> dict[str, int]:
-    nc = await nats.connect(nats_url, name="levers9-soak")
+async def _consumers(nats_url: str, home: Path | None = None) -> dict[str, int]:
+    from levers9.runtime.bus_auth import BusAuth  # the home's admin: `levers9 up` runs NATS with auth
+    from levers9.runtime.config import Settings
+
+    auth = BusAuth.from_settings(Settings.load(env={"LEVERS9_HOME": str(home)})) if home else BusAuth()
+    nc = await nats.connect(nats_url, name="levers9-soak", **auth.connect_options())
     try:
         return {info.config.name: info.state.consumer_count for info in await nc.jetstream().streams_info()}
     finally:
         await nc.close()
 
 
-def consumers(nats_url: str) -> dict[str, int]:
+def consumers(nats_url: str, home: Path | None = None) -> dict[str, int]:
     """Consumers per stream, from the streams' info (one request; it creates no consumer)."""
-    return asyncio.run(_consumers(nats_url))
+    return asyncio.run(_consumers(nats_url, home))
 
 
 def processes(home: Path, containers: frozenset[str] | set[str] = frozenset()) -> dict[str, psutil.Process]:
@@ -260,7 +264,7 @@ class SoakStack:
         return {c["container_id"] for c in r.json()}
 
     def sample(self, name: str) -> Sample:
-        return Sample(name, time.monotonic(), consumers(self.nats_url), memory(self.home, self.containers()))
+        return Sample(name, time.monotonic(), consumers(self.nats_url, self.home), memory(self.home, self.containers()))
 
 
 # ---- the verdict -----------------------------------------------------------------------------------

@@ -22,6 +22,7 @@ from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, w
 
 from levers9.contracts import Envelope, encode, subjects
 
+from .bus_auth import BusAuth
 from .telemetry import CONFLICTS, DEAD_LETTERS, EVENTS_PUBLISHED, inject
 
 log = logging.getLogger("levers9.bus")
@@ -53,14 +54,16 @@ class Appended:
 
 
 class Bus:
-    def __init__(self, nc: Client, js: JetStreamContext) -> None:
+    def __init__(self, nc: Client, js: JetStreamContext, auth: BusAuth | None = None) -> None:
         self.nc = nc
         self.js = js
+        self.auth = auth or BusAuth()
         self.reconnects = 0  # consumers re-create their subscriptions when this moves (nats.py #504)
         self.closing = False
 
     @classmethod
-    async def connect(cls, url: str, name: str = "levers9") -> "Bus":
+    async def connect(cls, url: str, name: str = "levers9", auth: BusAuth | None = None) -> "Bus":
+        """auth: this process's credentials and event keys (BusAuth.from_settings); none: anonymous."""
         bus: Bus | None = None
 
         async def on_error(exc: Exception) -> None:
@@ -77,8 +80,9 @@ class Bus:
 
         nc = await nats.connect(servers=[url], name=name, max_reconnect_attempts=-1, reconnect_time_wait=0.5,
                                 connect_timeout=3, allow_reconnect=True, error_cb=on_error,
-                                disconnected_cb=on_disconnect, reconnected_cb=on_reconnect, drain_timeout=5)
-        bus = cls(nc, nc.jetstream(timeout=5))
+                                disconnected_cb=on_disconnect, reconnected_cb=on_reconnect, drain_timeout=5,
+                                **(auth.connect_options() if auth else {}))
+        bus = cls(nc, nc.jetstream(timeout=5), auth)
         return bus
 
     async def close(self) -> None:
@@ -142,6 +146,8 @@ class Bus:
         subject = env.subject
         headers = inject({Header.MSG_ID: env.id, **extra})
         payload = encode(env)
+        if self.auth.signer is not None:  # a power event this process owns carries its signature
+            headers.update(self.auth.signer.headers(subject, payload))
         try:
             try:  # the first try outside the retry loop: building one costs more than the publish itself
                 ack = await self.js.publish(subject, payload, headers=headers, stream=subjects.STREAM)

@@ -22,6 +22,13 @@ class Settings:
     home: str = ""
     # servers; empty means "levers9 up starts its own"
     nats_url: str = ""
+    nats_auth: str = ""  # on | off; `levers9 up` turns it on (README "Credentials on the bus")
+    nats_creds: str = ""  # this process's NATS user (.creds file); empty: connect without
+    nats_issuer: str = ""  # home/nats/auth: the keys that mint users (the pool controller, the CLI)
+    nats_tls_cert: str = ""  # PEM files: our NATS serves TLS when both are set
+    nats_tls_key: str = ""
+    bus_signing_key: str = ""  # this process's key for the power events it owns (bus_signing.py)
+    bus_signers: str = ""  # every role's public signing key: consumers reject unsigned power events
     database_url: str = ""
     s3_endpoint: str = ""
     s3_access_key: str = "levers9"

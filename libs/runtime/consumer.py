@@ -36,6 +36,7 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from levers9.contracts import ContractError, Message, decode, subjects
 
 from .bus import Bus
+from .bus_signing import Verifier
 from .telemetry import BATCH_SECONDS, EVENTS_CONSUMED, consuming_span
 
 log = logging.getLogger("levers9.consumer")
@@ -66,7 +67,9 @@ class Delivery:
             await self.raw.term()
 
 
-def to_delivery(msg: Msg) -> Delivery:
+def to_delivery(msg: Msg, verifier: Verifier | None = None) -> Delivery:
+    """The message, decoded; `error` says why it must be dead-lettered instead (it does not decode,
+    or it is a power event without its owner's valid signature, when this process checks those)."""
     meta = msg.metadata
     headers = dict(msg.headers or {})
     d = Delivery(seq=meta.sequence.stream, subject=msg.subject, data=msg.data, headers=headers,
@@ -75,6 +78,10 @@ def to_delivery(msg: Msg) -> Delivery:
         d.message = decode(msg.data, msg.subject)
     except ContractError as exc:
         d.error = f"invalid message: {exc}"
+    if d.error is None and verifier is not None:
+        d.error = verifier.reject(msg.subject, msg.data, headers)
+        if d.error is not None:
+            d.message = None  # never applied: a forged grant must not reach a projection or handler
     return d
 
 
@@ -155,7 +162,7 @@ class _Pull(ABC):
                         await self._drop_sub()  # silent for long: re-create in case the server lost it
                     continue
                 idle_since = time.monotonic()
-                await handle_batch([to_delivery(m) for m in msgs])
+                await handle_batch([to_delivery(m, self.bus.auth.verifier) for m in msgs])
                 failures = 0
             except _RESUBSCRIBE as exc:
                 if stop.is_set():

@@ -49,7 +49,7 @@ class RebuildReport:
 async def _replay_into(bus: Bus, store: ProjectionStore, p: Projection, start: int, end: int | None) -> int:
     applied = 0
     async for msgs in read(bus, p.filter_subjects, start_seq=start, end_seq=end):
-        applied += await store.apply_batch(p, [to_delivery(m) for m in msgs])
+        applied += await store.apply_batch(p, [to_delivery(m, bus.auth.verifier) for m in msgs])
     return applied
 
 

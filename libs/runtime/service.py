@@ -22,6 +22,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from tenacity import AsyncRetrying, stop_after_delay, wait_exponential
 
 from .bus import Bus
+from .bus_auth import BusAuth
 from .config import Settings
 from .consumer import Delivery, OrderedConsumer, WorkConsumer
 from .projection import Projection, ProjectionStore, schema_for
@@ -85,7 +86,8 @@ class Service:
         async for attempt in AsyncRetrying(stop=stop_after_delay(30), wait=wait_exponential(0.2, max=3),
                                            reraise=True):
             with attempt:
-                self.bus = await Bus.connect(s.nats_url, name=f"levers9-{self.name}")
+                self.bus = await Bus.connect(s.nats_url, name=f"levers9-{self.name}",
+                                             auth=BusAuth.from_settings(s))
         await self.bus.ensure_topology()
         async for attempt in AsyncRetrying(stop=stop_after_delay(30), wait=wait_exponential(0.2, max=3),
                                            reraise=True):

@@ -19,6 +19,7 @@ from levers9.cli_app import register as _register_app_commands
 from levers9.cli_catalogue import catalogue_app
 from levers9.cli_functions import register as _register_function_commands
 from levers9.cli_images import register as _register_image_commands
+from levers9.cli_publishers import publishers_app
 from levers9.cli_secrets import register as _register_secret_commands
 from levers9.cli_volumes import register as _register_volume_commands
 from levers9.runtime.config import SERVICES, Settings, write_profile
@@ -32,6 +33,7 @@ app.add_typer(events_app, name="events")
 app.add_typer(catalogue_app, name="catalogue")
 app.add_typer(contracts_app, name="contracts")
 app.add_typer(projections_app, name="projections")
+app.add_typer(publishers_app, name="publishers")
 _register_app_commands(app)
 _register_function_commands(app)
 _register_image_commands(app)
@@ -49,6 +51,12 @@ def fail(message: str, code: int = 1) -> None:
 
 def settings() -> Settings:
     return Settings.load()
+
+
+def bus_auth():  # -> levers9.runtime.bus_auth.BusAuth: this home's admin when its NATS runs with auth
+    from levers9.runtime.bus_auth import BusAuth
+
+    return BusAuth.from_settings(settings())
 
 
 def server_urls(s: Settings) -> dict[str, str]:
@@ -87,6 +95,9 @@ def up(json_out: bool = typer.Option(False, "--json", help="print the status as 
     s = settings()
     profile = s.home_path / "config.toml"
     if ensure_keyring(s, profile):  # seals secrets and checkpoints; a 0600 file named in the profile
+        s = settings()
+    if not s.nats_auth:  # credentials on the bus unless the profile or environment says `off`
+        write_profile(profile, {"nats_auth": "on"})
         s = settings()
     try:
         with console.status("starting levers9") as spinner:
@@ -140,7 +151,7 @@ def ensure_token(s: Settings, gateway_url: str, nats_url: str) -> str:
 
 
 async def publish_token(nats_url: str, token: str, name: str, workspace: str = "default",
-                        scope: str = "workspace") -> str:
+                        scope: str = "workspace", auth=None) -> str:
     """Make the secret `token` valid (TokenCreated with its hash); returns the token id."""
     from levers9.contracts import events as E
     from levers9.contracts import uuid7
@@ -148,16 +159,16 @@ async def publish_token(nats_url: str, token: str, name: str, workspace: str = "
 
     token_id = uuid7()
     await publish_event(nats_url, E.TokenCreated(token_id=token_id, name=name, scope=scope,
-                                                 token_sha256=token_hash(token)), workspace)
+                                                 token_sha256=token_hash(token)), workspace, auth)
     return token_id
 
 
-async def publish_event(nats_url: str, event, workspace: str = "default") -> None:
+async def publish_event(nats_url: str, event, workspace: str = "default", auth=None) -> None:
     """Append one event (a TokenCreated from runtime.tokens.mint) through a short-lived connection."""
     from levers9.contracts import envelope
     from levers9.runtime.bus import Bus
 
-    bus = await Bus.connect(nats_url, name="levers9-cli")
+    bus = await Bus.connect(nats_url, name="levers9-cli", auth=auth or bus_auth())
     try:
         await bus.ensure_topology()
         await bus.publish(envelope(event, workspace=workspace))
@@ -267,7 +278,7 @@ async def _replay(nats_url: str, filt: str, correlation_id: str | None, since, u
         correlation_id: str = ""
 
     head = msgspec.json.Decoder(Head)
-    bus = await Bus.connect(nats_url, name="levers9-replay")
+    bus = await Bus.connect(nats_url, name="levers9-replay", auth=bus_auth())
     count = 0
     table = None if json_out else Table("seq", "occurred_at", "type", "subject", "correlation_id")
     write = sys.stdout.buffer.write
@@ -330,7 +341,7 @@ async def _tail(nats_url: str, filt: str, last: int) -> None:
 
     from levers9.runtime.bus import Bus
 
-    bus = await Bus.connect(nats_url, name="levers9-tail")
+    bus = await Bus.connect(nats_url, name="levers9-tail", auth=bus_auth())
     start = None
     if last:
         end = await bus.last_seq(filt)
@@ -405,7 +416,7 @@ async def _rebuild(nats_url: str, database_url: str, cls, swap: bool):
     from levers9.runtime.projection import schema_for
     from levers9.runtime.rebuild import rebuild
 
-    bus = await Bus.connect(nats_url, name="levers9-rebuild")
+    bus = await Bus.connect(nats_url, name="levers9-rebuild", auth=bus_auth())
     pool = await asyncpg.create_pool(database_url, min_size=1, max_size=4)
     try:
         return await rebuild(bus, pool, schema_for(cls.name), cls.projections, swap=swap)

@@ -43,8 +43,9 @@ class LocalBackend(Backend):
 
     name = "local"
 
-    def __init__(self, home: Path) -> None:
+    def __init__(self, home: Path, issuer: str = "") -> None:
         self.home = home
+        self.issuer = issuer  # home/nats/auth when NATS runs with auth: each worker gets its own user
         self.procs: dict[str, subprocess.Popen] = {}
 
     def start_worker(self, pool: PoolConfig, worker_id: str, token: str) -> None:
@@ -55,7 +56,7 @@ class LocalBackend(Backend):
                "LEVERS9_WORKER_MEMORY_MIB": str(pool.worker_memory_mib),
                "LEVERS9_WORKER_CRIU": "auto" if pool.criu else "off",
                # `levers9 up` restarting its own worker leaves this one alone (levers9.stack MANAGED_ENV)
-               "LEVERS9_WORKER_MANAGED_BY": "pool-controller"}
+               "LEVERS9_WORKER_MANAGED_BY": "pool-controller", **worker_bus_env(self.issuer, worker_id)}
         logs = self.home / "logs"
         logs.mkdir(parents=True, exist_ok=True)
         with (logs / f"worker-{worker_id}.log").open("ab") as log:
@@ -75,8 +76,21 @@ class LocalBackend(Backend):
         return gone
 
 
-def make_backend(kind: str, home: Path) -> Backend:
+def worker_bus_env(issuer: str, worker_id: str) -> dict[str, str]:
+    """The worker's own NATS user (minted now, for it alone) and the workers' signing key; never the
+    controller's own user, key or issuer, which the environment would otherwise pass on."""
+    cleared = {"LEVERS9_NATS_CREDS": "", "LEVERS9_BUS_SIGNING_KEY": "", "LEVERS9_NATS_ISSUER": ""}
+    if not issuer:
+        return cleared
+    from levers9.runtime.nats_issuer import Issuer
+
+    iss = Issuer(issuer)
+    return {**cleared, "LEVERS9_NATS_CREDS": str(iss.worker_creds(worker_id)),
+            "LEVERS9_BUS_SIGNING_KEY": str(iss.signing_path("worker"))}
+
+
+def make_backend(kind: str, home: Path, issuer: str = "") -> Backend:
     if kind == "local":
-        return LocalBackend(home)
+        return LocalBackend(home, issuer)
     raise SystemExit(f"pool backend {kind!r} is not available here (only 'local'; a Kubernetes backend "
                      "is not written yet)")

@@ -64,7 +64,8 @@ class PoolControllerService(Service):
     async def on_start(self) -> None:
         for pool in self.pools.values():
             if pool.backend not in self.backends:
-                self.backends[pool.backend] = make_backend(pool.backend, self.settings.home_path)
+                self.backends[pool.backend] = make_backend(pool.backend, self.settings.home_path,
+                                                           self.settings.nats_issuer)
 
     async def apply(self, p: Projection, batch: list[Delivery]) -> None:
         await super().apply(p, batch)

@@ -40,6 +40,14 @@ def api(env: dict, method: str, path: str, **kw) -> httpx.Response:
                          timeout=kw.pop("timeout", 180), **kw)
 
 
+def bus_auth(env: dict):  # -> levers9.runtime.bus_auth.BusAuth
+    """This home's admin credentials and event key (`levers9 up` runs NATS with auth), as its CLI uses them."""
+    from levers9.runtime.bus_auth import BusAuth
+    from levers9.runtime.config import Settings
+
+    return BusAuth.from_settings(Settings.load(env={"LEVERS9_HOME": env["LEVERS9_HOME"]}))
+
+
 def needs_runc() -> None:
     """Skip the module unless runc containers can run here (root and runc)."""
     import os

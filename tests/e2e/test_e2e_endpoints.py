@@ -20,7 +20,7 @@ from pathlib import Path
 import httpx
 import psutil
 import pytest
-from _e2e import cli, wait_until
+from _e2e import bus_auth, cli, wait_until
 
 from levers9.contracts import envelope
 from levers9.contracts import events as E
@@ -214,7 +214,7 @@ def test_two_schedulers_never_overbook_a_worker(env):
     stop = threading.Event()
 
     async def setup_and_beat():
-        bus = await Bus.connect(state["nats_url"])
+        bus = await Bus.connect(state["nats_url"], auth=bus_auth(env))
         for w in fakes:
             await bus.publish(envelope(E.WorkerRegistered(worker_id=w, pool=pool, cpu_millicores=1000,
                                                           memory_mib=1024, features=["runc"]), workspace="_sys"))
@@ -244,7 +244,7 @@ def test_two_schedulers_never_overbook_a_worker(env):
         def worker_events():
             async def read_all():
                 from levers9.runtime.reader import read
-                bus = await Bus.connect(state["nats_url"])
+                bus = await Bus.connect(state["nats_url"], auth=bus_auth(env))
                 out = []
                 async for msgs in read(bus, [f"levers9._sys.worker.{w}.*" for w in fakes]):
                     out += [(m.metadata.sequence.stream, json.loads(m.data)) for m in msgs]

@@ -19,11 +19,12 @@ import httpx
 import nats
 import psutil
 import pytest
-from _e2e import cli, wait_until
+from _e2e import bus_auth, cli, wait_until
 
 from levers9.contracts import envelope, subjects, uuid7
 from levers9.contracts import events as E
 from levers9.runtime.bus import Bus
+from levers9.runtime.bus_auth import BusAuth
 from levers9.runtime.config import SERVICES, Settings
 from levers9.stack import Stack
 
@@ -105,8 +106,12 @@ def test_hand_written_json_from_a_plain_nats_client_is_handled_like_the_gateways
            "occurred_at": "2026-12-02T12:00:00.000000Z", "workspace": "default", "correlation_id": corr,
            "causation_id": None, "data": {"container_id": cid, "cpu_millicores": 250, "memory_mib": 128}}
 
+    # another system's client, with publisher credentials of workspace `default` (README)
+    creds = Path(stack_env["LEVERS9_HOME"]) / "default-publisher.creds"
+    cli(stack_env, "publishers", "create", "--workspace", "default", "--out", str(creds))
+
     async def publish():
-        nc = await nats.connect(state["nats_url"])
+        nc = await nats.connect(state["nats_url"], **BusAuth(creds=str(creds)).connect_options())
         js = nc.jetstream()
         ack = await js.publish(f"levers9.default.container.{cid}.ContainerRequested", json.dumps(doc).encode(),
                                headers={"Nats-Msg-Id": doc["id"]})
@@ -127,11 +132,11 @@ def test_hand_written_json_from_a_plain_nats_client_is_handled_like_the_gateways
     assert r.status_code == 200 and r.json()["container_id"] == cid and r.json()["cpu_millicores"] == 250
 
 
-def test_a_malformed_message_lands_in_the_dlq_with_its_reason(state):
+def test_a_malformed_message_lands_in_the_dlq_with_its_reason(stack_env, state):
     subject = f"levers9.default.container.{uuid.uuid4()}.ContainerRequested"
 
     async def go():
-        nc = await nats.connect(state["nats_url"])
+        nc = await nats.connect(state["nats_url"], **bus_auth(stack_env).connect_options())
         js = nc.jetstream()
         await js.publish(subject, b'{"type": "ContainerRequested", "version": 2}', headers={"Nats-Msg-Id": uuid7()})
         deadline = time.monotonic() + 20
@@ -163,7 +168,7 @@ def test_gateway_api_requests_a_container_and_other_workspaces_see_404(stack_env
 
     async def token_for_other():
         from levers9.cli import publish_token
-        await publish_token(state["nats_url"], other, "test", workspace="other")
+        await publish_token(state["nats_url"], other, "test", workspace="other", auth=bus_auth(stack_env))
 
     run(token_for_other())
     other_auth = {"Authorization": f"Bearer {other}"}
@@ -208,7 +213,7 @@ def test_sigkill_of_a_service_while_events_flow_loses_nothing_and_applies_nothin
     progress = {"sent": 0}
 
     async def flow(stop_at: int):
-        bus = await Bus.connect(state["nats_url"])
+        bus = await Bus.connect(state["nats_url"], auth=bus_auth(stack_env))
         for round_ in range(stop_at):
             for cid in containers:
                 event = (E.ContainerStarted(container_id=cid, worker_id="nobody") if round_ % 2 == 0
@@ -234,13 +239,13 @@ def test_sigkill_of_a_service_while_events_flow_loses_nothing_and_applies_nothin
     expected = {cid: 40 for cid in containers}
     wait_until(lambda: run(_versions(state["database_url"], schema, prefix)) == expected, timeout=60)
     # nothing more arrives late: the victim's projection has passed the end of the log as it was
-    last = run(_last_container_seq(state["nats_url"]))
+    last = run(_last_container_seq(state["nats_url"], stack_env))
     wait_until(lambda: run(_position(state["database_url"], schema, "containers")) >= last, timeout=60)
     assert run(_versions(state["database_url"], schema, prefix)) == expected
 
 
-async def _last_container_seq(nats_url: str) -> int:
-    bus = await Bus.connect(nats_url)
+async def _last_container_seq(nats_url: str, env: dict) -> int:
+    bus = await Bus.connect(nats_url, auth=bus_auth(env))
     try:
         return await bus.last_seq(subjects.filter_subject(aggregate="container"))
     finally:

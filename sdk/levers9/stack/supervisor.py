@@ -303,6 +303,8 @@ class Stack:
         if name == "worker":
             env["LEVERS9_WORKER_ID"] = self.settings.worker_id or "local-1"
         env.update(extra_env or {})
+        env.update(nats_server.service_env(self.home, self.read_state()["components"].get("nats"), name,
+                                           env.get("LEVERS9_WORKER_ID", "")))
         return env
 
     def _healthz(self, port: int, timeout: float = 1.0) -> bool:
