@@ -15,6 +15,7 @@ import typer
 
 from levers9.cli_app import console, fail, out
 from levers9.runtime.config import Settings
+from levers9.runtime.nats_auth import inbox_prefix, publisher_tag
 
 publishers_app = typer.Typer(help="NATS credentials for systems that publish into one workspace.",
                              no_args_is_help=True)
@@ -46,12 +47,15 @@ def create(workspace: str = typer.Option(..., "--workspace", "-w", help="the wor
         fd = os.open(out_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as f:
             f.write(creds)
+    inbox = inbox_prefix(publisher_tag(workspace, pub.id))
     if json_out:
         out.print_json(json.dumps({"id": pub.id, "workspace": workspace, "user_key": pub.user_key,
-                                   "creds": None if out_file else creds, "creds_file": str(out_file or "")}))
+                                   "inbox_prefix": inbox, "creds": None if out_file else creds,
+                                   "creds_file": str(out_file or "")}))
     elif out_file is None:
         print(creds, end="")
-    console.print(f"publisher {pub.id} of workspace {workspace!r}" + (f": {out_file}" if out_file else ""))
+    console.print(f"publisher {pub.id} of workspace {workspace!r}" + (f": {out_file}" if out_file else "")
+                  + f"; connect with inbox prefix {inbox} (the only inbox it may read replies on)")
 
 
 @publishers_app.command("list")

@@ -97,6 +97,7 @@ def publisher_creds(stack, workspace: str, tmp_path: Path) -> str:
     doc = json.loads(cli(stack["env"], "publishers", "create", "--workspace", workspace, "--out", str(path),
                          "--json").stdout)
     assert doc["workspace"] == workspace and doc["creds"] is None and path.stat().st_mode & 0o077 == 0
+    assert doc["inbox_prefix"] == f"_INBOX_p_{workspace}_{doc['id']}"
     return str(path)
 
 
