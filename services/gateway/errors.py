@@ -10,7 +10,10 @@ import asyncpg
 import nats.errors
 from botocore.exceptions import ConnectionClosedError, ConnectTimeoutError, EndpointConnectionError, ReadTimeoutError
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi.exception_handlers import http_exception_handler
+from fastapi.responses import JSONResponse, Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
 log = logging.getLogger("levers9.gateway")
 
@@ -27,7 +30,29 @@ def unavailable(what: str, exc: BaseException) -> JSONResponse:
                         status_code=503, headers={"Retry-After": "5"})
 
 
+def allowed_methods(app: FastAPI, scope: dict) -> list[str]:
+    """Every method some route serves at this path. Starlette's 405 lists only the first route whose
+    path matched (GET /api/v1/containers answered `Allow: GET`, though POST is served there too). A
+    route without parameters takes precedence over templated ones, as in OpenAPI."""
+    from .openapi_docs import api_routes
+
+    matched = [route for _, route in api_routes(app.routes)
+               if route.matches({**scope, "method": next(iter(route.methods or {"GET"}))})[0] == Match.FULL]
+    exact = [r for r in matched if not r.param_convertors]
+    return sorted({m for r in (exact or matched) for m in (r.methods or ())})
+
+
 def install(app: FastAPI) -> None:
+    async def method_not_allowed(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, StarletteHTTPException)
+        if exc.status_code == 405:
+            methods = allowed_methods(app, dict(request.scope))
+            if methods:
+                exc.headers = {**(exc.headers or {}), "Allow": ", ".join(methods)}
+        return await http_exception_handler(request, exc)
+
+    app.add_exception_handler(StarletteHTTPException, method_not_allowed)
+
     async def s3_down(request: Request, exc: Exception) -> JSONResponse:
         return unavailable("the object store (S3)", exc)
 

@@ -50,6 +50,13 @@ BY_MODULE: dict[str, tuple[int, ...]] = {
     "routes_volumes": (400, 404, 409, 413),
 }
 PUBLIC = {"/healthz", "/metrics"}
+# routes whose success body is not JSON
+CONTENT_TYPES = {"/metrics": "text/plain", "/api/v1/images/{image}/events": "application/x-ndjson"}
+# what a handler checks beyond the type FastAPI infers: said in the spec too (component -> field -> keywords)
+CONSTRAINTS: dict[str, dict[str, dict[str, Any]]] = {
+    "VolumeRequest": {"name": {"pattern": r"^[a-z0-9][a-z0-9-]{0,62}$"}},  # levers9.contracts.volumes.VolumeName
+    "Body_deploy_api_v1_deployments_post": {"spec": {"minLength": 1}},  # an empty form field is a missing one
+}
 
 
 def _error(code: int) -> dict[str, Any]:
@@ -82,6 +89,7 @@ def document(app: FastAPI) -> None:
                     if op is not None:
                         op["responses"] = {**extra, **op.get("responses", {})}
             unique_operation_ids(schema)
+            declare_content_and_constraints(schema)
             app.openapi_schema = schema
         return app.openapi_schema
 
@@ -107,3 +115,16 @@ def unique_operation_ids(schema: dict[str, Any]) -> None:
             if op.get("operationId") in seen:
                 op["operationId"] = f"{op['operationId']}_{method}_{len(seen)}"
             seen.add(op.get("operationId", f"{method} {path}"))
+
+
+def declare_content_and_constraints(schema: dict[str, Any]) -> None:
+    for path, content_type in CONTENT_TYPES.items():
+        ok = schema["paths"].get(path, {}).get("get", {}).get("responses", {}).get("200")
+        if ok is not None:
+            ok["content"] = {content_type: {"schema": {"type": "string"}}}
+    components = schema.get("components", {}).get("schemas", {})
+    for name, fields in CONSTRAINTS.items():
+        for field, keywords in fields.items():
+            prop = components.get(name, {}).get("properties", {}).get(field)
+            if prop is not None:
+                prop.update(keywords)

@@ -62,3 +62,37 @@ def test_an_unreachable_object_store_is_a_503_that_names_it():
     r = TestClient(app).get("/boom")
     assert r.status_code == 503 and r.headers["retry-after"] == "5"
     assert "object store (S3) is unreachable" in r.json()["detail"] and "127.0.0.1:1" in r.json()["detail"]
+
+
+def test_a_405_lists_every_method_served_at_the_path():
+    app = FastAPI()
+    install(app)
+
+    @app.get("/things")
+    def list_things() -> list:
+        return []
+
+    @app.post("/things")
+    def add_thing() -> dict:
+        return {}
+
+    @app.get("/things/special")
+    def special() -> dict:
+        return {}
+
+    @app.delete("/things/{name}")
+    def delete_thing(name: str) -> dict:
+        return {}
+
+    client = TestClient(app)
+    r = client.request("PATCH", "/things")
+    assert r.status_code == 405 and r.headers["allow"] == "GET, POST"
+    assert client.request("PUT", "/things/special").headers["allow"] == "GET"  # the exact path wins
+    assert client.request("PUT", "/things/other").headers["allow"] == "DELETE"
+
+
+def test_non_json_bodies_and_handler_checks_are_in_the_spec():
+    spec = gateway_spec()
+    assert "text/plain" in spec["paths"]["/metrics"]["get"]["responses"]["200"]["content"]
+    assert "application/x-ndjson" in spec["paths"]["/api/v1/images/{image}/events"]["get"]["responses"]["200"]["content"]
+    assert spec["components"]["schemas"]["VolumeRequest"]["properties"]["name"]["pattern"]
