@@ -8,7 +8,13 @@ import logging
 
 import asyncpg
 import nats.errors
-from botocore.exceptions import ConnectionClosedError, ConnectTimeoutError, EndpointConnectionError, ReadTimeoutError
+from botocore.exceptions import (
+    ConnectionClosedError,
+    ConnectTimeoutError,
+    EndpointConnectionError,
+    HTTPClientError,
+    ReadTimeoutError,
+)
 from fastapi import FastAPI, Request
 from fastapi.exception_handlers import http_exception_handler
 from fastapi.responses import JSONResponse, Response
@@ -17,7 +23,8 @@ from starlette.routing import Match
 
 log = logging.getLogger("levers9.gateway")
 
-S3_DOWN = (EndpointConnectionError, ConnectTimeoutError, ReadTimeoutError, ConnectionClosedError)
+# HTTPClientError: the transport failed (reset, or something else answering on its port)
+S3_DOWN = (EndpointConnectionError, ConnectTimeoutError, ReadTimeoutError, ConnectionClosedError, HTTPClientError)
 POSTGRES_DOWN = (asyncpg.PostgresConnectionError, asyncpg.InterfaceError, asyncpg.exceptions.CannotConnectNowError,
                  ConnectionRefusedError)
 NATS_DOWN = (nats.errors.ConnectionClosedError, nats.errors.NoRespondersError, nats.errors.TimeoutError)
