@@ -5,6 +5,13 @@ from __future__ import annotations
 import os
 
 import pytest
+from hypothesis import settings as hypothesis_settings
+
+# Properties assert behaviour, never speed: on a 2-core CI machine shared with runc containers a
+# single example can take longer than Hypothesis's 200 ms default deadline, which then fails the
+# test as flaky. No deadline, here and in every test that does not set its own.
+hypothesis_settings.register_profile("levers9", deadline=None)
+hypothesis_settings.load_profile("levers9")
 
 # ---- servers: one NATS, Postgres, S3 and registry for the whole session (levers9.stack) ------------
 
