@@ -79,8 +79,15 @@ def data_root(settings: Settings) -> Path:
     return Path(settings.data_dir) if settings.data_dir else settings.home_path / "data"
 
 
+def _env() -> dict[str, str]:
+    """The daemon's environment: none of this process's settings (its keys stay here), only what
+    tells `levers9 down` whose it is (the home and service, as for any process of the stack)."""
+    keep = ("PATH", "LEVERS9_HOME", "LEVERS9_SERVICE", "LEVERS9_WORKER_MANAGED_BY")
+    return {"HOME": os.environ.get("HOME", "/"), **{k: os.environ[k] for k in keep if k in os.environ}}
+
+
 async def _run(args: list[str], what: str, timeout: float = 120) -> str:
-    proc = await asyncio.create_subprocess_exec(*args, stdin=asyncio.subprocess.DEVNULL,
+    proc = await asyncio.create_subprocess_exec(*args, stdin=asyncio.subprocess.DEVNULL, env=_env(),
                                                 stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
     try:
         out, _ = await asyncio.wait_for(proc.communicate(), timeout)

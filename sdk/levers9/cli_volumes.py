@@ -26,7 +26,16 @@ def _call(method: str, path: str, what: str, **kwargs: Any) -> Any:
 
 
 def _file_path(name: str, path: str) -> str:
-    return f"/api/v1/volumes/{quote(name, safe='')}/files/{quote(path.lstrip('/'), safe='/')}"
+    """The URL of a file; a path that leaves the volume is refused here too (an HTTP client would
+    fold its `..` away and ask for another URL)."""
+    from levers9.client import ClientError
+    from levers9.contracts.volumes import InvalidPath, relative_path
+
+    try:
+        rel = relative_path(path)
+    except InvalidPath as exc:
+        raise ClientError(str(exc)) from None
+    return f"/api/v1/volumes/{quote(name, safe='')}/files/{quote(rel, safe='/')}"
 
 
 @volumes_app.command("create")
@@ -59,9 +68,8 @@ def ls(name: str, path: str = typer.Argument("", help="a directory or file in th
 def put(name: str, local: Path = typer.Argument(..., exists=True, dir_okay=False, help="the local file"),
         path: str = typer.Argument("", help="where in the volume (default: the file's name)")) -> None:
     """Upload a local file into a volume."""
-    target = path or local.name
     with errors(), local.open("rb") as f:
-        doc = _call("PUT", _file_path(name, target), f"putting {local} into volume {name!r}", content=f,
+        doc = _call("PUT", _file_path(name, path or local.name), f"putting {local} into volume {name!r}", content=f,
                     headers={"Content-Type": "application/octet-stream"})
     console.print(f"{doc['size']} bytes -> {name}:{doc['path']}")
 
@@ -70,10 +78,10 @@ def put(name: str, local: Path = typer.Argument(..., exists=True, dir_okay=False
 def get(name: str, path: str, local: str = typer.Argument("-", help="the local file, '-' for stdout")) -> None:
     """Download a file of a volume (to stdout by default)."""
     with errors():
-        c = client()
+        c, url = client(), _file_path(name, path)
         what = f"getting {path!r} from volume {name!r}"
         try:
-            with c._http.stream("GET", _file_path(name, path)) as r:
+            with c._http.stream("GET", url) as r:
                 if r.status_code >= 400:
                     r.read()
                     raise c._status_error(r, what, "levers9 volumes ls " + name)

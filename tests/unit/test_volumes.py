@@ -222,3 +222,16 @@ def test_sdk_volumes_become_the_spec():
 def test_sdk_refuses_bad_volumes(make):
     with pytest.raises(ConfigError):
         make()
+
+
+def test_the_juicefs_daemon_gets_no_settings_of_its_parent(monkeypatch):
+    from levers9.runtime import juicefs
+
+    monkeypatch.setenv("LEVERS9_SECRET_KEY", "do-not-leak")
+    monkeypatch.setenv("LEVERS9_HOME", "/h")
+    monkeypatch.setenv("LEVERS9_SERVICE", "worker")
+    env = juicefs._env()
+    assert "LEVERS9_SECRET_KEY" not in env and env["LEVERS9_HOME"] == "/h" and env["LEVERS9_SERVICE"] == "worker"
+    args = juicefs.mount_args(Settings(database_url="postgresql://p@127.0.0.1:1/l"), Path("/m"), Path("/c"),
+                              Path("/l"))
+    assert {"--no-usage-report", "--no-agent"} <= set(args) and args[args.index("--backup-meta") + 1] == "0"
