@@ -69,7 +69,9 @@ def stack_ports(env: dict) -> dict[str, int]:
         except (psutil.Error, OSError):
             continue
         if mine:
-            ports[f"{proc.name()} {conn.laddr.ip}"] = conn.laddr.port
+            cmd = proc.cmdline()
+            role = cmd[-1] if cmd[-3:-1] == ["levers9", "service"] else proc.name()
+            ports[f"{role}[{conn.pid}] {conn.laddr.ip}:{conn.laddr.port}"] = conn.laddr.port
     return ports
 
 
@@ -123,6 +125,9 @@ def test_a_hostile_container_reaches_nothing(env):
         ports = stack_ports(env)
         ports["test sentinel"] = listener.getsockname()[1]
         assert {"nats", "s3", "registry", "gateway"} <= set(ports), ports
+        # the worker's HTTP and executor relay, the gateway's HTTP and gRPC, at least
+        assert sum(k.startswith("worker[") for k in ports) >= 2, ports
+        assert sum(k.startswith("gateway[") for k in ports) >= 2, ports
         addresses = sorted({"127.0.0.1", bridge, *host_addresses()})
         targets = [f"{a}:{p}" for a in addresses for p in sorted(set(ports.values()))] + [peer_at]
         r = api(env, "POST", "/endpoint/hostile", json={"targets": targets, "memory_mib": 512, "pids_limit": 4096},
