@@ -88,6 +88,7 @@ def document(app: FastAPI) -> None:
                     op = schema["paths"].get(path, {}).get(method.lower())
                     if op is not None:
                         op["responses"] = {**extra, **op.get("responses", {})}
+                        either_422(op["responses"])
             unique_operation_ids(schema)
             declare_content_and_constraints(schema)
             app.openapi_schema = schema
@@ -128,3 +129,10 @@ def declare_content_and_constraints(schema: dict[str, Any]) -> None:
             prop = components.get(name, {}).get("properties", {}).get(field)
             if prop is not None:
                 prop.update(keywords)
+
+
+def either_422(responses: dict[str, Any]) -> None:
+    """FastAPI documents 422 as its validation error list; a handler's own 422 carries a sentence."""
+    content = responses.get("422", {}).get("content", {}).get("application/json")
+    if content is not None and content.get("schema", {}).get("$ref", "").endswith("/HTTPValidationError"):
+        content["schema"] = {"anyOf": [content["schema"], _error(422)["content"]["application/json"]["schema"]]}

@@ -123,6 +123,8 @@ async def image_events(image: str, caller: User, gw: Gateway, follow: bool = Fal
         subject = subjects.filter_subject(workspace=caller.workspace, aggregate="image", aggregate_id=image)
     except ValueError:
         raise HTTPException(404, f"no image {image!r} in workspace {caller.workspace!r}") from None
+    if await build_row(gw, caller.workspace, image) is None:  # with follow it would wait for ever
+        raise HTTPException(404, f"no image {image!r} in workspace {caller.workspace!r}")
     return StreamingResponse(event_lines(gw, subject, follow), media_type="application/x-ndjson")
 
 

@@ -96,3 +96,9 @@ def test_non_json_bodies_and_handler_checks_are_in_the_spec():
     assert "text/plain" in spec["paths"]["/metrics"]["get"]["responses"]["200"]["content"]
     assert "application/x-ndjson" in spec["paths"]["/api/v1/images/{image}/events"]["get"]["responses"]["200"]["content"]
     assert spec["components"]["schemas"]["VolumeRequest"]["properties"]["name"]["pattern"]
+
+
+def test_a_422_may_carry_a_validation_list_or_a_sentence():
+    op = gateway_spec()["paths"]["/api/v1/deployments"]["post"]
+    schema = op["responses"]["422"]["content"]["application/json"]["schema"]
+    assert len(schema["anyOf"]) == 2 and schema["anyOf"][1]["required"] == ["detail"]
