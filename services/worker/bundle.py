@@ -32,6 +32,9 @@ CAPABILITIES = ["CAP_AUDIT_WRITE", "CAP_KILL", "CAP_NET_BIND_SERVICE"]  # `runc 
 MASKED_PATHS = ["/proc/acpi", "/proc/asound", "/proc/kcore", "/proc/keys", "/proc/latency_stats",
                 "/proc/timer_list", "/proc/timer_stats", "/proc/sched_debug", "/proc/scsi"]
 READONLY_PATHS = ["/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger"]
+# what the spec enforces (1: seccomp); a process keeps the seccomp filter it was dumped with, so a
+# checkpoint of a container that ran under less is never restored (levers9.worker.runc_criu)
+HARDENING = 1
 
 
 def cgroups_path(container_id: str) -> str:
@@ -178,7 +181,7 @@ def spec_record(spec: ContainerSpec) -> dict[str, Any]:
     return {"env": dict(spec.env), "cpu_millicores": spec.cpu_millicores,
             "memory_mib": spec.memory_mib, "command": list(spec.command), "port": spec.port,
             # the executor inside a function sandbox: a restore refuses a generation it does not speak
-            "executor_generation": wire.GENERATION if spec.executor_dir else 0}
+            "executor_generation": wire.GENERATION if spec.executor_dir else 0, "hardening": HARDENING}
 
 
 def write_upper(upper: Path, files: dict[str, str]) -> None:

@@ -24,7 +24,7 @@ from levers9.runtime.config import Settings
 
 from . import cgroups, network
 from . import checkpoint as ckpt
-from .bundle import bundle_spec, cgroups_path, hosts_file, spec_record, write_upper
+from .bundle import HARDENING, bundle_spec, cgroups_path, hosts_file, spec_record, write_upper
 from .container import ContainerSpec, Progress, Started, start_time
 from .criu import CriuInfo, ensure_criu
 from .runc_cli import Record, criu_reason, nothing
@@ -100,6 +100,7 @@ class RuncCheckpoints(RuncLifecycle):
                     command=spec["command"], port=spec["port"],
                     base=image.image_id if image else await self._base_identity(),
                     image_id=image.image_id if image else "", criu_version=criu.version, created_at=time.time())
+                manifest["hardening"] = spec.get("hardening", 0)  # what the dumped processes ran under
                 size, sha = await asyncio.to_thread(ckpt.write_tar, Path(out_tar), manifest,
                                                     scratch / ckpt.IMAGES, scratch / ckpt.UPPER)
             finally:
@@ -180,6 +181,9 @@ class RuncCheckpoints(RuncLifecycle):
         cid = rec.container_id
         template, manifest = await self._unpacked(tar)
         await self._check_root(manifest, spec)
+        if manifest.get("hardening", 0) < HARDENING:  # its processes would come back without seccomp
+            raise ckpt.RestoreError("the checkpoint was dumped from a container without this worker's seccomp "
+                                    "filter (an older levers9); it is not restored (start cold, dump again)")
         generation = manifest.get("executor_generation", 0)
         if generation and generation not in wire.SUPPORTED_GENERATIONS:
             raise RuntimeError(f"the checkpoint's executor speaks protocol generation {generation}; this worker "

@@ -608,6 +608,13 @@ async def test_a_restore_refuses_another_base_root_and_bad_tars(criu_rt, code_di
     with pytest.raises(RestoreError, match="different base root"):
         await rt.restore(spec, other)
     assert_nothing_left(rt, spec.container_id)
+    # dumped by an older levers9 whose containers had no seccomp filter: the processes would keep none
+    assert read_manifest(good_tar)["hardening"] >= 1
+    older = rewrite(good_tar, tmp_path / "older.tar", change_manifest=lambda m: {**m, "hardening": 0})
+    spec = app_spec(code_dir)
+    with pytest.raises(RestoreError, match="without this worker's seccomp filter"):
+        await rt.restore(spec, older)
+    assert_nothing_left(rt, spec.container_id)
     (tmp_path / "garbage.tar").write_bytes(os.urandom(10_000))
     for path in (tmp_path / "garbage.tar", tmp_path / "missing.tar"):
         spec = app_spec(code_dir)

@@ -13,7 +13,15 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from levers9.worker import firewall, seccomp
-from levers9.worker.bundle import CAPABILITIES, MASKED_PATHS, PIDS_LIMIT, READONLY_PATHS, bundle_spec
+from levers9.worker.bundle import (
+    CAPABILITIES,
+    HARDENING,
+    MASKED_PATHS,
+    PIDS_LIMIT,
+    READONLY_PATHS,
+    bundle_spec,
+    spec_record,
+)
 from levers9.worker.container import ContainerSpec
 from levers9.worker.firewall import FirewallError, Member, peer_group, ruleset
 from levers9.worker.network import Ipam
@@ -169,4 +177,6 @@ def test_bundle_is_hardened_like_runc_and_docker(tmp_path):
     # CRIU restores fail with a sysfs mount (FACTS.md): none, so /sys inside is an empty directory
     assert not [m for m in config["mounts"] if m["type"] == "sysfs" or m["destination"].startswith("/sys")]
     assert "user" not in {n["type"] for n in linux["namespaces"]}  # see README "Isolation": no userns
+    # a checkpoint says what its container ran under: a restore refuses one dumped without seccomp
+    assert spec_record(spec)["hardening"] == HARDENING >= 1
     assert ipaddress.ip_network("10.209.0.0/24")  # the default subnet stays a private network
