@@ -82,8 +82,10 @@ def data_root(settings: Settings) -> Path:
 def _env() -> dict[str, str]:
     """The daemon's environment: none of this process's settings (its keys stay here), only what
     tells `levers9 down` whose it is (the home and service, as for any process of the stack)."""
-    keep = ("PATH", "LEVERS9_HOME", "LEVERS9_SERVICE", "LEVERS9_WORKER_MANAGED_BY")
-    return {"HOME": os.environ.get("HOME", "/"), **{k: os.environ[k] for k in keep if k in os.environ}}
+    keep = ("PATH", "LEVERS9_HOME", "LEVERS9_WORKER_MANAGED_BY")
+    env = {"HOME": os.environ.get("HOME", "/"), **{k: os.environ[k] for k in keep if k in os.environ}}
+    # a pool controller's workers know their service from their command line, not the environment
+    return {**env, "LEVERS9_SERVICE": os.environ.get("LEVERS9_SERVICE") or "worker"}
 
 
 async def _run(args: list[str], what: str, timeout: float = 120) -> str:
@@ -126,11 +128,12 @@ def is_mounted(path: Path) -> bool:
 
 
 async def unmount(mount_point: Path) -> None:
-    """Unmount (the daemon exits with it); a busy or dead mount is detached lazily."""
+    """Unmount (the daemon exits once no container holds a bind of it); a busy or dead mount is
+    detached lazily. Never `juicefs umount`, which can wait for the daemon."""
     if not is_mounted(mount_point):
         return
     try:
-        await _run([binary(), "umount", str(mount_point)], f"juicefs umount {mount_point}", timeout=30)
+        await _run(["fusermount3", "-u", str(mount_point)], f"fusermount3 -u {mount_point}", timeout=10)
     except JuiceFSError as exc:
         log.warning("%s; detaching it lazily", exc)
         await _run(["fusermount3", "-uz", str(mount_point)], f"fusermount3 -uz {mount_point}", timeout=30)

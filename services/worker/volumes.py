@@ -42,6 +42,8 @@ class WorkerVolumes:
     def __init__(self, settings: Settings, worker_id: str, state_dir: Path, secrets: SecretsOf) -> None:
         self.settings, self.state_dir, self.secrets = settings, state_dir, secrets
         self.juicefs = juicefs.Mount(settings, worker_id)
+        self.users: set[str] = set()  # containers given a volume
+        self.stopping = False
 
     async def binds(self, workspace: str, container_id: str, spec: DeploymentSpec,
                     runtime: Runtime) -> tuple[Bind, ...]:
@@ -52,6 +54,7 @@ class WorkerVolumes:
             raise VolumeError(f"volumes and cloud buckets need the runc runtime; this worker runs {runtime.name!r}")
         binds: list[Bind] = []
         if spec.volumes:
+            self.users.add(container_id)
             data = await self.juicefs.get()
             binds += volume_binds(str(data), workspace, spec.volumes)
             missing = [v.name for v, b in zip(spec.volumes, binds, strict=True) if not os.path.isdir(b.source)]
@@ -106,7 +109,11 @@ class WorkerVolumes:
                               f"{out.decode(errors='replace').strip()[-500:] or 'no output'}")
 
     async def release(self, container_id: str) -> None:
-        """Unmount a container's buckets (after the container stopped) and remove their directories."""
+        """Unmount a container's buckets (after the container stopped) and remove their directories;
+        when the worker stops, the last container to go unmounts JuiceFS."""
+        self.users.discard(container_id)
+        if self.stopping and not self.users:
+            await self.juicefs.close()
         top = self.state_dir / "buckets" / container_id
         for point in sorted(mounts_under(top), reverse=True):
             try:
@@ -125,7 +132,9 @@ class WorkerVolumes:
 
     async def serve(self, stop: asyncio.Event) -> None:
         """A background loop of the worker: clean up after a crashed predecessor at start; at stop,
-        unmount JuiceFS (containers still running keep their binds until they stop, a moment later)."""
+        unmount JuiceFS now if no container uses it, else once the last one stopped (release)."""
         await self.clean_stale()
         await stop.wait()
-        await self.juicefs.close()
+        self.stopping = True
+        if not self.users:
+            await self.juicefs.close()
