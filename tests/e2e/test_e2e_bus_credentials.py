@@ -112,7 +112,8 @@ async def _dlq_reason(url: str, admin: str, subject: str) -> str | None:
             msg = await c.nc.jetstream().get_last_msg("LEVERS9_DLQ", f"levers9dlq.{subject}")
         except nats.js.errors.NotFoundError:
             return None
-        return (msg.headers or {}).get("Levers9-Reason")
+        headers = msg.headers or {}
+        return f"{headers.get('Levers9-Consumer')}: {headers.get('Levers9-Reason')}"
 
 
 def test_a_connection_without_credentials_is_refused(stack):
@@ -177,7 +178,7 @@ def test_a_token_that_reaches_the_stream_without_its_owners_signature_is_dead_le
 
     run(go())
     reason = wait_until(lambda: run(_dlq_reason(stack["nats_url"], admin, env.subject)), timeout=30)
-    assert "power event TokenCreated" in reason
+    assert reason.startswith("gateway") and "power event TokenCreated" in reason, reason  # the gateway's view
     assert whoami(stack, minted.secret) == 401
 
 
@@ -217,6 +218,23 @@ def test_a_worker_writes_only_its_own_subjects(stack):
 
     run(go())
     assert inbox_prefix(worker_tag("wtest")) == "_INBOX_w_wtest"
+
+
+def test_a_worker_the_pool_controller_provisioned_registers_with_its_own_user(stack):
+    """The build pool's warm worker is started by the pool controller with a user minted for it:
+    its WorkerRegistered/WorkerReady (power events, signed with the workers' key) are applied."""
+    token = tomllib.loads((stack["home"] / "config.toml").read_text())["token"]
+
+    def build_worker() -> str:
+        r = httpx.get(f"{stack['gateway_url']}/api/v1/workers", headers={"Authorization": f"Bearer {token}"})
+        return next((w["worker_id"] for w in r.json() if w["worker_id"].startswith("build-")
+                     and w["status"] == "ready"), "")
+
+    worker_id = wait_until(build_worker, timeout=120)
+    creds = stack["home"] / "nats" / "auth" / "workers" / f"{worker_id}.creds"
+    claims = nats_jwt.decode(nats_jwt.creds_jwt(creds.read_text()))
+    assert claims["name"] == worker_tag(worker_id)
+    assert f"levers9._sys.worker.{worker_id}.>" in claims["nats"]["pub"]["allow"]
 
 
 def test_a_revoked_publisher_is_refused(stack, tmp_path):
