@@ -176,10 +176,11 @@ class Tap:
     `$JS.ACK.<stream>.<consumer>....`) and when it acked it. The stack's traffic is small while calls
     are made one at a time, so this costs little; it runs in a thread of its own."""
 
-    def __init__(self, nats_url: str) -> None:
+    def __init__(self, nats_url: str, home: Path) -> None:
         import asyncio
         import threading
         self.url = nats_url
+        self.home = home
         self.seen: list[tuple[float, str, str, bytes]] = []
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
@@ -192,7 +193,12 @@ class Tap:
         self.thread.start()
 
         async def connect():
-            self.nc = await nats.connect(self.url, name="levers9-bench-tap")
+            from levers9.runtime.bus_auth import BusAuth
+            from levers9.runtime.config import Settings
+
+            # `levers9 up` runs NATS with auth: the tap reads as the home's admin, like the CLI
+            auth = BusAuth.from_settings(Settings.load(env={"LEVERS9_HOME": str(self.home)}))
+            self.nc = await nats.connect(self.url, name="levers9-bench-tap", **auth.connect_options())
 
             async def got(msg):
                 self.seen.append((time.time(), msg.subject, msg.reply or "", bytes(msg.data[:2000])))
@@ -392,7 +398,7 @@ def main() -> None:
     with running_stack(args.keep_home) as stack:
         if args.async_commit:
             set_async_commit(stack.state()["database_url"])
-        tap = Tap(stack.state()["nats_url"]).start()
+        tap = Tap(stack.state()["nats_url"], stack.home).start()
         try:
             stack.deploy(COLD_APP.replace("CPU", repr(args.cpu)), "bench_cold")
             calls = []
