@@ -1,21 +1,29 @@
-"""Soak: a stack under light traffic keeps a flat number of consumers on every stream and a flat RSS in
-every process.
+"""Soak: a stack under mixed traffic keeps a flat number of consumers on every stream, flat
+connections, a flat RSS in every process and no container left on disk.
 
-Starts the whole stack as a user does (`levers9 up` in a temporary home), deploys examples/hello.py,
-then, for --minutes, calls its endpoint every 0.5 s and runs `levers9 status` every 5 s. After a
-warm-up it samples, at the start, the middle and the end of the run:
+Starts the whole stack as a user does (`levers9 up` in a temporary home), deploys examples/hello.py
+and bench/soak_app.py (an endpoint and a function), then, for --minutes, calls hello's endpoint every
+0.5 s, the soak app's function over REST every 2 s, runs `levers9 status` every 5 s and deploys
+soak_app.py again (a new version, so the next call starts a new container) every --deploy-every s.
+After a warm-up it samples five times (start, 25 %, middle, 75 %, end):
 
-  consumers  every JetStream stream's consumer count (stream info; reading it creates none), the
-             heartbeat bucket KV_levers9_heartbeats included;
-  RSS        the resident memory of every process of the home (services, workers, servers, containers).
+  consumers    every JetStream stream's consumer count (stream info; reading it creates none), the
+               heartbeat bucket KV_levers9_heartbeats included;
+  connections  NATS clients (the server's /connz) and Postgres sessions (pg_stat_activity);
+  RSS          the resident memory of every process of the home (services, workers, servers, containers);
+  disk         bytes per part of the home (the log, Postgres, S3, workers, logs), and the container
+               directories on the node.
 
-It prints both as tables and fails (exit 1) when a stream has more consumers at the end than at the
-start, or a process's RSS grew from start to end by more than the tolerance: --rss-tolerance-pct of
-its start RSS or --rss-tolerance-mib, whichever is larger (Python heaps settle in steps; a leak keeps
-growing), and it also grew over the second half of the run. Postgres's processes are judged on their
-RSS less shared pages: their RSS grows as they touch the shared buffer pool (up to shared_buffers).
+It prints them as tables and fails (exit 1) when a stream has more consumers at the end than at the
+start, a connection count grew from start to end and over the second half, the container
+directories grew by more than 3, or a process's RSS grew from start to end by more than the
+tolerance: --rss-tolerance-pct of its start RSS or --rss-tolerance-mib, whichever is larger (Python
+heaps settle in steps; a leak keeps growing), and it also grew over the second half of the run.
+Postgres's processes are judged on their RSS less shared pages: their RSS grows as they touch the
+shared buffer pool (up to shared_buffers). Disk is reported, not judged: the event log and the
+projections grow with the traffic by design.
 
-  python bench/soak.py --minutes 10 [--warmup 30] [--keep-home]
+  python bench/soak.py --minutes 60 [--warmup 30] [--deploy-every 120] [--keep-home]
 
 tests/e2e/test_soak.py runs the same thing for a minute in CI (the consumer part only).
 """
@@ -40,9 +48,11 @@ from pathlib import Path
 import httpx
 import nats
 import psutil
+from soak_probes import connections, container_dirs, disk
 
 ROOT = Path(__file__).resolve().parent.parent
 HELLO = ROOT / "examples" / "hello.py"
+SOAK_APP = Path(__file__).resolve().parent / "soak_app.py"
 MIB = 1024 * 1024
 
 
@@ -135,6 +145,9 @@ class Sample:
     at: float
     consumers: dict[str, int]
     mem: dict[str, tuple[int, int]]  # process -> (RSS, shared)
+    connections: dict[str, int] = field(default_factory=dict)
+    disk: dict[str, int] = field(default_factory=dict)  # part of the home -> bytes
+    container_dirs: int = 0
 
     @property
     def rss(self) -> dict[str, int]:
@@ -155,7 +168,11 @@ class Traffic:
     env: dict[str, str]
     every: float = 0.5
     status_every: float = 5.0
+    function_every: float = 0.0  # 0: no function calls
+    deploy_every: float = 0.0  # 0: no deploys
     calls: list[float] = field(default_factory=list)  # latencies, s
+    functions: list[float] = field(default_factory=list)  # latencies of the function calls, s
+    deploys: list[float] = field(default_factory=list)  # durations of `levers9 deploy`, s
     errors: list[str] = field(default_factory=list)
     statuses: list[int] = field(default_factory=list)  # exit codes of `levers9 status`
     unhealthy: list[str] = field(default_factory=list)  # what each failing `levers9 status` printed
@@ -164,6 +181,10 @@ class Traffic:
     def start(self) -> "Traffic":
         self.threads = [threading.Thread(target=self._call, daemon=True),
                         threading.Thread(target=self._status, daemon=True)]
+        if self.function_every:
+            self.threads.append(threading.Thread(target=self._function, daemon=True))
+        if self.deploy_every:
+            self.threads.append(threading.Thread(target=self._deploy, daemon=True))
         for t in self.threads:
             t.start()
         return self
@@ -186,6 +207,31 @@ class Traffic:
                 except httpx.HTTPError as exc:
                     self.errors.append(f"{type(exc).__name__}: {exc}")
 
+    def _function(self) -> None:
+        with httpx.Client(timeout=120, headers={"Authorization": f"Bearer {self.token}"}) as http:
+            n = 0
+            while not self.stop.wait(self.function_every):
+                n += 1
+                started = time.perf_counter()
+                try:
+                    r = http.post(f"{self.gateway_url}/function/soak/add", json={"a": n, "b": 1})
+                    if r.status_code == 200 and r.json().get("result") == n + 1:
+                        self.functions.append(time.perf_counter() - started)
+                    else:
+                        self.errors.append(f"function: {r.status_code} {r.text[:200]}")
+                except httpx.HTTPError as exc:
+                    self.errors.append(f"function: {type(exc).__name__}: {exc}")
+
+    def _deploy(self) -> None:
+        while not self.stop.wait(self.deploy_every):
+            started = time.perf_counter()
+            r = subprocess.run([sys.executable, "-m", "levers9", "deploy", str(SOAK_APP)], env=self.env,
+                               capture_output=True, text=True, timeout=300)
+            if r.returncode == 0:
+                self.deploys.append(time.perf_counter() - started)
+            else:
+                self.errors.append(f"deploy: {r.stderr[-300:]}")
+
     def _status(self) -> None:
         while not self.stop.wait(self.status_every):
             r = subprocess.run([sys.executable, "-m", "levers9", "status", "--json"], env=self.env,
@@ -197,7 +243,10 @@ class Traffic:
     def summary(self) -> str:
         lat = sorted(self.calls)
         p = (lambda q: f"{lat[min(len(lat) - 1, int(q * len(lat)))] * 1000:.1f} ms") if lat else (lambda q: "-")
-        return (f"{len(lat)} calls ok (p50 {p(0.5)}, p99 {p(0.99)}), {len(self.errors)} failed; "
+        fn = sorted(self.functions)
+        q = (lambda x: f"{fn[min(len(fn) - 1, int(x * len(fn)))] * 1000:.1f} ms") if fn else (lambda x: "-")
+        return (f"{len(lat)} endpoint calls ok (p50 {p(0.5)}, p99 {p(0.99)}), {len(fn)} function calls ok "
+                f"(p50 {q(0.5)}, p99 {q(0.99)}), {len(self.deploys)} deploys ok, {len(self.errors)} failed; "
                 f"{len(self.statuses)} `levers9 status` runs, {sum(1 for c in self.statuses if c)} unhealthy")
 
 
@@ -255,7 +304,12 @@ class SoakStack:
             time.sleep(0.5)
         raise RuntimeError(f"no worker became ready within {timeout:.0f} s")
 
-    def traffic(self) -> Traffic:
+    def traffic(self, mixed: bool = False, deploy_every: float = 120.0) -> Traffic:
+        """Endpoint calls and `levers9 status`; mixed: also function calls and deploys (soak_app.py)."""
+        if mixed:
+            self.cli("deploy", str(SOAK_APP))
+            return Traffic(self.gateway_url, self.token, self.env, function_every=2.0,
+                           deploy_every=deploy_every).start()
         return Traffic(self.gateway_url, self.token, self.env).start()
 
     def containers(self) -> set[str]:
@@ -264,7 +318,8 @@ class SoakStack:
         return {c["container_id"] for c in r.json()}
 
     def sample(self, name: str) -> Sample:
-        return Sample(name, time.monotonic(), consumers(self.nats_url, self.home), memory(self.home, self.containers()))
+        return Sample(name, time.monotonic(), consumers(self.nats_url, self.home), memory(self.home, self.containers()),
+                      connections(self.home), disk(self.home), container_dirs(self.home))
 
 
 # ---- the verdict -----------------------------------------------------------------------------------
@@ -287,39 +342,63 @@ def rss_problems(samples: list[Sample], pct: float, mib: float) -> list[str]:
     return out
 
 
+def connection_problems(samples: list[Sample]) -> list[str]:
+    first, middle, last = samples[0], samples[len(samples) // 2], samples[-1]
+    out = [f"{k}: {first.connections[k]} at the start, {middle.connections.get(k)} in the middle, {n} at the end"
+           for k, n in sorted(last.connections.items())
+           if n > first.connections.get(k, 0) and n > middle.connections.get(k, 0)]
+    if last.container_dirs > first.container_dirs + 3:
+        out.append(f"container directories on the node: {first.container_dirs} -> {last.container_dirs}")
+    return out
+
+
+def _rows(title: str, names: list[str], rows: dict[str, list[str]]) -> list[str]:
+    lines = ["", title, "  " + f"{'':34}" + "".join(f"{n:>10}" for n in names)]
+    return lines + ["  " + f"{key[:34]:34}" + "".join(f"{c:>10}" for c in cells) for key, cells in rows.items()]
+
+
 def table(samples: list[Sample]) -> str:
     names = [s.name for s in samples]
-    lines = ["consumers per stream", "  " + f"{'stream':34}" + "".join(f"{n:>10}" for n in names)]
-    for stream in sorted(set().union(*(s.consumers for s in samples))):
-        lines.append("  " + f"{stream:34}" + "".join(f"{s.consumers.get(stream, '-'):>10}" for s in samples))
-    lines += ["", "RSS per process (MiB)", "  " + f"{'process':34}" + "".join(f"{n:>10}" for n in names)]
-    for key in sorted(set().union(*(s.rss for s in samples))):
-        cells = "".join(f"{s.rss[key] / MIB:>10.1f}" if key in s.rss else f"{'-':>10}" for s in samples)
-        lines.append("  " + f"{key[:34]:34}" + cells)
-    return "\n".join(lines)
+    streams = sorted(set().union(*(s.consumers for s in samples)))
+    lines = _rows("consumers per stream", names, {k: [str(s.consumers.get(k, "-")) for s in samples]
+                                                  for k in streams})
+    lines += _rows("connections", names, {k: [str(s.connections.get(k, "-")) for s in samples]
+                                          for k in sorted(set().union(*(s.connections for s in samples)))})
+    lines += _rows("RSS per process (MiB)", names, {k: [f"{s.rss[k] / MIB:.1f}" if k in s.rss else "-"
+                                                        for s in samples]
+                                                    for k in sorted(set().union(*(s.rss for s in samples)))})
+    disk_rows = {k: [f"{s.disk[k] / MIB:.1f}" if k in s.disk else "-" for s in samples]
+                 for k in sorted(set().union(*(s.disk for s in samples)))}
+    disk_rows["container dirs (count)"] = [str(s.container_dirs) for s in samples]
+    lines += _rows("disk (MiB)", names, disk_rows)
+    return "\n".join(lines[1:])
 
 
-def soak(minutes: float, warmup: float, pct: float, mib: float, home: Path) -> int:
+def soak(minutes: float, warmup: float, pct: float, mib: float, home: Path, deploy_every: float) -> int:
     with SoakStack(home) as stack:
-        traffic = stack.traffic()
+        traffic = stack.traffic(mixed=True, deploy_every=deploy_every)
         try:
             time.sleep(warmup)  # a bench paces itself: the traffic runs meanwhile
             samples = [stack.sample("start")]
-            time.sleep(minutes * 30)
-            samples.append(stack.sample("middle"))
-            time.sleep(minutes * 30)
-            samples.append(stack.sample("end"))
+            for name in ("25 %", "middle", "75 %", "end"):
+                time.sleep(minutes * 15)
+                samples.append(stack.sample(name))
+                log(f"sampled {name}: {traffic.summary()}")
         finally:
             traffic.finish()
     print(table(samples))
-    print(f"\ntraffic over {minutes:g} min (+{warmup:g} s warm-up): {traffic.summary()}")
-    problems = consumer_problems(samples[0], samples[-1]) + rss_problems(samples, pct, mib)
-    if len(traffic.errors) > max(1, len(traffic.calls) // 100):
+    grown = {k: (samples[-1].disk.get(k, 0) - samples[0].disk.get(k, 0)) / MIB for k in samples[-1].disk}
+    print(f"\ndisk growth over {minutes:g} min: " + ", ".join(f"{k} {v:+.1f} MiB" for k, v in grown.items()))
+    print(f"traffic over {minutes:g} min (+{warmup:g} s warm-up): {traffic.summary()}")
+    problems = consumer_problems(samples[0], samples[-1]) + connection_problems(samples) + \
+        rss_problems(samples, pct, mib)
+    done = len(traffic.calls) + len(traffic.functions) + len(traffic.deploys)
+    if len(traffic.errors) > max(1, done // 100):
         problems.append(f"{len(traffic.errors)} calls failed, e.g. {traffic.errors[:3]}")
     for p in problems:
         print(f"FAIL {p}")
     if not problems:
-        print(f"OK: consumers flat on every stream; no RSS grew by more than {pct:g} % or {mib:g} MiB")
+        print(f"OK: consumers and connections flat; no RSS grew by more than {pct:g} % or {mib:g} MiB")
     return 1 if problems else 0
 
 
@@ -327,6 +406,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--minutes", type=float, default=10.0)
     ap.add_argument("--warmup", type=float, default=30.0, help="seconds of traffic before the first sample")
+    ap.add_argument("--deploy-every", type=float, default=120.0, help="seconds between deploys of soak_app.py")
     ap.add_argument("--rss-tolerance-pct", type=float, default=10.0)
     ap.add_argument("--rss-tolerance-mib", type=float, default=8.0)
     ap.add_argument("--keep-home", action="store_true")
@@ -334,7 +414,8 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="levers9-soak-"))
     os.chmod(tmp, 0o755)  # postgres runs as another account and must traverse it
     try:
-        code = soak(args.minutes, args.warmup, args.rss_tolerance_pct, args.rss_tolerance_mib, tmp)
+        code = soak(args.minutes, args.warmup, args.rss_tolerance_pct, args.rss_tolerance_mib, tmp,
+                    args.deploy_every)
     finally:
         if args.keep_home:
             log(f"home kept: {tmp}")
