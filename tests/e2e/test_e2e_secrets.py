@@ -1,7 +1,8 @@
 """A canary secret appears nowhere in clear. One `levers9 up` stack: a secret with a random value
-is set, endpoints that use it are called (they answer its sha256, never the value), a container is
-checkpointed, restored from S3 and later refused a restore under a retired key, an error path is
-provoked, the key is rotated (old values still open), then rewrapped and the old key retired. Then
+is set, endpoints and a function that use it are called (they answer its sha256, never the value),
+a container is checkpointed, restored from S3 and later refused a restore under a retired key, an
+error path is provoked, the key is rotated (old values still open), then rewrapped and the old key
+retired. Then
 the canary is looked for in the raw bytes of everything the stack keeps under its home (the NATS
 store with the LEVERS9 stream and its DLQ, every service log, PostgreSQL's files, S3's files), in
 a dump of every PostgreSQL table of every schema, in every S3 object, and in every CLI output: 0
@@ -143,6 +144,9 @@ def test_a_canary_secret_appears_nowhere_in_clear(env):
     assert [c for c in workers_dir.glob("*/containers/*/config.json") if _holds(c)], \
         "the search must find the canary on the worker's disk"
     stop(env, plain["container_id"], outputs)
+    r = api(env, "POST", "/function/secrets/fingerprint", json={})  # a function's sandbox gets it too
+    outputs.append(r.text)
+    assert r.status_code == 200 and r.json()["result"] == hashlib.sha256(CANARY.encode()).hexdigest(), r.text
 
     ck = None
     if has_criu(env):  # checkpoint (sealed into S3), restore from S3 (opened on the worker)
