@@ -120,13 +120,13 @@ def terminate(pid: int, sig: int, timeout: float) -> None:
     terminate_all([pid], sig, timeout)
 
 
-def terminate_all(pids: list[int], sig: int, timeout: float) -> None:
+def terminate_all(pids: list[int], sig: int, timeout: float, spare: frozenset[int] = frozenset()) -> None:
     """Signal `pids` at once, wait up to `timeout`, then SIGKILL them and whatever they started
-    that is left."""
+    that is left, except the descendants in `spare` (the caller stops those its own way)."""
     children: list[int] = []
     for proc in filter(None, map(live_process, pids)):
         with contextlib.suppress(psutil.Error):
-            children += [c.pid for c in proc.children(recursive=True)]
+            children += [c.pid for c in proc.children(recursive=True) if c.pid not in spare]
             proc.send_signal(sig)
     kill_survivors(pids, timeout)
     # children normally exit with their parent (postgres backends do); give them a moment

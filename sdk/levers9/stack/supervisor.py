@@ -134,6 +134,13 @@ class Stack:
                 found.append(proc)
         return found
 
+    @staticmethod
+    def _managed(proc: psutil.Process) -> bool:
+        """A worker a pool controller started (not `up`'s own)."""
+        with contextlib.suppress(psutil.Error):
+            return bool(proc.environ().get(MANAGED_ENV))
+        return False
+
     def _service_of(self, proc: psutil.Process, managed: bool = True) -> str | None:
         with contextlib.suppress(psutil.Error):
             env = proc.environ()
@@ -316,14 +323,16 @@ class Stack:
         """SIGTERM, then SIGKILL after `timeout`; removes its pid file and its state entry."""
         self._stop_services([name], timeout, progress)
 
-    def _stop_services(self, names: list[str], timeout: float, progress: Progress) -> None:
-        """Stop `names` side by side: each may take seconds to finish the work in hand."""
+    def _stop_services(self, names: list[str], timeout: float, progress: Progress,
+                       spare: frozenset[int] = frozenset()) -> None:
+        """Stop `names` side by side: each may take seconds to finish the work in hand. Processes
+        they started are killed with them, except those in `spare`."""
         with self.files.locked():
             pids = {name: self._running_pid(name, progress) for name in names}
             for name, pid in pids.items():
                 if pid is not None:
                     progress(f"{name}: stopping (pid {pid})")
-            terminate_all([pid for pid in pids.values() if pid is not None], signal.SIGTERM, timeout)
+            terminate_all([pid for pid in pids.values() if pid is not None], signal.SIGTERM, timeout, spare)
             state = self.read_state()
             for name, pid in pids.items():
                 if pid is not None:
@@ -378,9 +387,12 @@ class Stack:
         with self.files.locked():
             state = self.read_state()
             services = list(dict.fromkeys(n for n in (*SERVICES, *state["components"]) if n not in LAUNCHERS))
-            self._stop_services(services, self.stop_timeout, progress)
-            # workers the pool controller started have no pid file: stop them gracefully too, while
-            # NATS still runs, so they stop their containers and say so
+            # workers the pool controller started are its children: stopping it must not SIGKILL
+            # them two seconds later (their containers, mounts and namespaces would be left behind)
+            managed = frozenset(p.pid for p in self._strays(tuple(services)) if self._managed(p))
+            self._stop_services(services, self.stop_timeout, progress, spare=managed)
+            # they have no pid file: stop them gracefully too, while NATS still runs, so they stop
+            # their containers and say so
             extra = [p.pid for p in self._strays(tuple(services))]
             if extra:
                 progress(f"stopping {len(extra)} worker(s) the pool controller started")

@@ -1,0 +1,54 @@
+"""terminate_all: a stopped parent's children are killed with it, except the ones the caller spares.
+
+`levers9 down` stops the pool controller and then its workers (its children) gracefully; before
+`spare` existed they were SIGKILLed two seconds after their parent and left their containers,
+mounts and network namespaces behind."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import psutil
+
+from levers9.stack.procs import terminate_all
+
+# a parent that starts two sleeping children, prints their pids and waits for SIGTERM
+PARENT = """
+import signal, subprocess, sys, time
+kids = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]) for _ in range(2)]
+print(" ".join(str(k.pid) for k in kids), flush=True)
+signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+time.sleep(60)
+"""
+
+
+def start_family() -> tuple[subprocess.Popen, list[int]]:
+    parent = subprocess.Popen([sys.executable, "-c", PARENT], stdout=subprocess.PIPE, text=True)
+    assert parent.stdout is not None
+    kids = [int(p) for p in parent.stdout.readline().split()]
+    return parent, kids
+
+
+def alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def test_children_die_with_their_parent_unless_spared():
+    parent, (killed, spared) = start_family()
+    try:
+        terminate_all([parent.pid], 15, timeout=10, spare=frozenset({spared}))
+        parent.wait(5)
+        deadline = time.monotonic() + 5
+        while alive(killed) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not alive(killed)
+        assert alive(spared)
+    finally:
+        for pid in (killed, spared):
+            if alive(pid):
+                psutil.Process(pid).kill()
