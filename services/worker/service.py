@@ -1,8 +1,8 @@
 """The worker process (one per node): runs the containers placed on it.
 
 - At start it prepares its runtime (runc: the base root file system, the bridge; or plain
-  processes), removes what a crashed predecessor left, then registers with its capacity and
-  runtime features and heartbeats into the KV bucket.
+  processes), removes what a crashed predecessor left and says those containers failed
+  (levers9.worker.restart), then registers with its capacity and features and heartbeats.
 - It consumes ContainerScheduled / ContainerStopRequested / ContainerCheckpointRequested and acts
   only on its own containers. A placement carries everything the start needs (spec, resources,
   checkpoint): no projection is read to start it (levers9.worker.placement).
@@ -44,7 +44,7 @@ from levers9.runtime.service import Service
 from levers9.runtime.tasks import spawn
 from levers9.runtime.views import CheckpointsView, ContainersView, DeploymentsView, SecretsView, WorkersView
 
-from . import checkpointing, volumes
+from . import checkpointing, restart, volumes
 from .builder import Builds
 from .catalogue_check import CatalogueCheck
 from .container import ContainerSpec, Exit, Runtime, Started
@@ -142,9 +142,8 @@ class WorkerService(Service):
         green meanwhile, and the worker registers (so it gets work) only when it is ready."""
         try:
             await self.runtime.prepare(progress=lambda msg: log.info("prepare: %s", msg))
-            leftovers = await self.runtime.cleanup_all()
-            if leftovers:
-                log.warning("removed %d containers left by a previous run: %s", len(leftovers), leftovers)
+            removed = await self.runtime.cleanup_all()
+            await restart.report_gone(self, removed, self.overtaken)  # before placements run
             self.criu_note = await checkpointing.enable_criu(self.runtime, self.settings)
             log.info("checkpoint/restore: %s", self.criu_note)
         except Exception as exc:  # noqa: BLE001 - reported on /healthz and in the log
@@ -170,7 +169,7 @@ class WorkerService(Service):
 
     def reactions(self):
         wanted = ("ContainerScheduled", "ContainerStopRequested", "ContainerCheckpointRequested")
-        consumers = [WorkConsumer(self.bus, f"worker-{self.worker_id}",
+        consumers = [WorkConsumer(self.bus, restart.PLACEMENTS.format(self.worker_id),
                                   [subjects.filter_subject(aggregate="container", event_type=t) for t in wanted],
                                   handle=self.on_container_event, max_deliver=50, ack_wait=60)]
         if self.builds is not None:  # a build-pool worker: the builds given to it
