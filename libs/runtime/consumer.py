@@ -85,13 +85,16 @@ def to_delivery(msg: Msg, verifier: Verifier | None = None) -> Delivery:
     return d
 
 
+# Postgres going away or coming back (a restart: "the database system is shutting down", refused
+# connections, connections cut by an administrator)
+_POSTGRES_DOWN = (asyncpg.PostgresConnectionError, asyncpg.InterfaceError,
+                  asyncpg.exceptions.CannotConnectNowError, asyncpg.exceptions.OperatorInterventionError,
+                  asyncpg.exceptions.TooManyConnectionsError)
+
+
 def is_transient(exc: BaseException) -> bool:
     """Failures of the infrastructure rather than of the message: retry, never dead-letter."""
-    return isinstance(exc, (OSError, asyncio.TimeoutError, ConnectionError,
-                            asyncpg.PostgresConnectionError, asyncpg.InterfaceError,
-                            asyncpg.exceptions.CannotConnectNowError,
-                            asyncpg.exceptions.OperatorInterventionError,
-                            asyncpg.exceptions.TooManyConnectionsError,
+    return isinstance(exc, (OSError, asyncio.TimeoutError, ConnectionError, *_POSTGRES_DOWN,
                             asyncpg.exceptions.InvalidCachedStatementError,  # a rebuild swapped tables
                             nats.errors.ConnectionClosedError, nats.errors.TimeoutError,
                             nats.errors.NoRespondersError))
@@ -101,8 +104,10 @@ def backoff(attempt: int, base: float = 0.1, cap: float = 5.0) -> float:
     return min(cap, base * (2 ** max(0, attempt - 1)))
 
 
+# what makes a consumer loop drop its subscription and make a new one, after a pause; Postgres too:
+# an ordered consumer reads its position from there when it subscribes again
 _RESUBSCRIBE = (nats.errors.ConnectionClosedError, nats.errors.NoRespondersError, nats.js.errors.APIError,
-                nats.errors.Error, OSError, asyncio.TimeoutError)
+                nats.errors.Error, OSError, asyncio.TimeoutError, *_POSTGRES_DOWN)
 
 
 class _Pull(ABC):

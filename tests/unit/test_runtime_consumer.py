@@ -64,3 +64,36 @@ async def test_a_delivery_without_a_message_has_nothing_to_settle():
     await d.ack()
     await d.nak(delay=1.0)
     await d.term()  # would raise if it reached for a message it does not have
+
+
+class FakeBusWithoutServer:
+    """Just what an ordered consumer's loop touches before it has a subscription (a fake, no NATS)."""
+    reconnects = 0
+
+    class js:  # noqa: N801 - stands in for the bus's JetStream context
+        @staticmethod
+        async def delete_consumer(stream: str, name: str) -> None:
+            raise nats.errors.ConnectionClosedError()
+
+
+async def test_an_ordered_consumer_outlives_postgres_restarting_while_it_subscribes():
+    """Its position is read from Postgres when it subscribes: "the database system is shutting down"
+    there is a pause and a new try, not the end of the loop (which stopped the whole service)."""
+    from levers9.runtime.consumer import OrderedConsumer
+
+    stop = asyncio.Event()
+    tries = []
+
+    async def position() -> int:
+        tries.append(1)
+        if len(tries) == 2:
+            stop.set()
+        raise asyncpg.exceptions.CannotConnectNowError("the database system is shutting down")
+
+    async def handle(batch) -> None:
+        raise AssertionError("nothing is delivered")
+
+    consumer = OrderedConsumer(FakeBusWithoutServer(), "view", ["levers9.>"], position=position,  # type: ignore[arg-type]
+                               handle=handle)
+    await asyncio.wait_for(consumer.run(stop), timeout=10)
+    assert len(tries) == 2
