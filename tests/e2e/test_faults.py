@@ -7,6 +7,9 @@
 - NATS restarted (same port): every service reconnects by itself, a new container is requested,
   placed and started through the log;
 - Postgres restarted (same port): every service reports healthy again and calls are served;
+- the worker SIGKILLed and started again: its containers are removed and reported failed at its
+  start, and calls get new ones at once;
+- `levers9 down` leaves no runc container, veth, namespace or mount of the stack.
 
 Recovery bounds are generous (a 2-core CI machine); they fail only when something never recovers."""
 
@@ -181,3 +184,41 @@ def test_every_service_resumes_by_itself_after_postgres_restarts(env):
     wait_until(lambda: api(env, "GET", "/api/v1/containers").status_code == 200, timeout=RECOVERY_S)
     wait_until(lambda: api(env, "POST", "/endpoint/hello", json={}).status_code == 200, timeout=RECOVERY_S)
     report("postgres restart", down_s=2, resumed_after_s=round(time.monotonic() - back, 2))
+
+
+def test_a_sigkilled_worker_s_containers_fail_at_its_next_start_and_calls_get_new_ones(env):
+    """The worker holding every container is SIGKILLed and started again (`levers9 up`): its start
+    removes what the dead run left on the node and says those containers failed, and why, so that
+    calls get new containers now, not when the dead run's heartbeat expires."""
+    assert api(env, "POST", "/endpoint/hello", json={}).status_code == 200
+    before = {c["container_id"] for c in live_containers(env) if c["status"] == "ready"}
+    assert before, live_containers(env)
+    killed_at = time.monotonic()
+    stack_of(env).kill_service("worker")
+    cli(env, "up")
+
+    def reported() -> bool:
+        rows = {c["container_id"]: c for c in api(env, "GET", "/api/v1/containers", params={"all": "true"}).json()}
+        return all(rows[c]["status"] == "failed" and "ended without stopping it" in rows[c]["reason"] for c in before)
+
+    wait_until(reported, timeout=RECOVERY_S)
+    reported_after = time.monotonic() - killed_at
+    r = api(env, "POST", "/endpoint/hello", json={})
+    assert r.status_code == 200, r.text
+    report("worker sigkill", containers_failed_after_s=round(reported_after, 2),
+           served_after_s=round(time.monotonic() - killed_at, 2), old_containers=len(before))
+    settled_node_matches_containers(env)
+
+
+def test_down_leaves_no_container_veth_namespace_or_mount(env):
+    """Last in the module: `levers9 down` stops every container it ran and leaves nothing of them."""
+    home = Path(env["LEVERS9_HOME"])
+    ids = {c["container_id"] for c in api(env, "GET", "/api/v1/containers", params={"all": "true"}).json()}
+    running = Node.of(home, ids)
+    assert running.runc and running.veths, "the stack ran no container: the check below would prove nothing"
+    cli(env, "down")
+    after = Node.of(home, ids)
+    assert after.runc == {}, f"runc containers left after `levers9 down`: {after.runc}"
+    assert not after.veths, f"veths left: {after.veths}"
+    assert not after.namespaces, f"namespaces left: {after.namespaces}"
+    assert not after.mounts, f"mounts left under the home: {after.mounts}"
