@@ -253,11 +253,11 @@ def lost_containers(workers: Mapping[str, Worker], containers: Iterable[Containe
 
 def re_request(c: Container) -> E.ContainerRequested:
     """The request of a container whose worker was lost: the same request (spec and all), one
-    attempt more, that worker excluded."""
+    attempt more. The lost worker is not excluded: it takes no work while lost, and when it
+    registers again it is a new run with its slots released (excluding it left a container whose
+    only worker was restarted waiting for ever)."""
     assert c.request is not None
-    excluded = sorted(set(c.request.excluded_workers) | {c.worker_id})
-    return msgspec.structs.replace(c.request, reason=f"worker {c.worker_id} lost", attempt=c.request.attempt + 1,
-                                   excluded_workers=excluded)
+    return msgspec.structs.replace(c.request, reason=f"worker {c.worker_id} lost", attempt=c.request.attempt + 1)
 
 
 def holding_a_slot(backlog: Iterable[Container], workers: Mapping[str, Worker],

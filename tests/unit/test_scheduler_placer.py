@@ -231,7 +231,7 @@ async def test_a_lost_workers_containers_are_requested_again_and_placed_elsewher
     await run_schedulers(log, 1, lambda: len(log.events("ContainerScheduled")) == 2
                          and len(log.events("WorkerSlotReleased")) == 1, seed=3)
     again = [ev for _, ev in log.events("ContainerRequested")][-1]
-    assert again.attempt == 2 and again.excluded_workers == [first.worker_id]
+    assert again.attempt == 2 and again.excluded_workers == []
     assert again.resources.cpu_millicores == 600
     second = log.events("ContainerScheduled")[-1][1]
     assert second.worker_id != first.worker_id and second.attempt == 2

@@ -205,7 +205,7 @@ def test_a_lost_workers_containers_are_requested_again_from_their_request():
     containers = _placed("ready")
     [c] = lost_containers(s.workers, containers.values())
     again = re_request(c)
-    assert again.attempt == 2 and again.excluded_workers == ["w0", "w9"] and again.reason == "worker w0 lost"
+    assert again.attempt == 2 and again.excluded_workers == ["w9"] and again.reason == "worker w0 lost"
     assert again.resources == c.request.resources and again.note == c.request.note
     assert again.deployment_id == "d1" and again.deployment_version == 3
     assert lost_containers(s.workers, _placed("stopped").values()) == []
