@@ -57,8 +57,7 @@ class DeploymentDeleted(Event, frozen=True, kw_only=True):
 
 
 class DeploymentCheckpointClaimed(Event, frozen=True, kw_only=True):
-    """A worker takes the right to dump this deployment version, appended with optimistic
-    concurrency on the deployment's subject: at most one dump per deployment version at a time."""
+    """A worker's right to dump this deployment version (optimistic concurrency: one dump at a time)."""
     AGGREGATE = "deployment"
     ID_FIELD = "deployment_id"
     deployment_id: str
@@ -173,6 +172,7 @@ class WorkerProvisioned(Event, frozen=True, kw_only=True):
     worker_id: str
     pool: str = "default"
     backend: str = "local"
+    cluster: str = ""  # backend "cluster": the attached cluster it runs on (only its workspaces' work goes there)
 
 
 class WorkerRegistered(Event, frozen=True, kw_only=True):
@@ -185,6 +185,9 @@ class WorkerRegistered(Event, frozen=True, kw_only=True):
     memory_mib: int
     gpu_type: str = ""
     gpu_count: int = 0
+    gpu_source: str = ""  # detected (NVML) | configured (the pool's gpu_type, gpus_per_worker) | "" (none)
+    gpu_ids: list[str] = []  # the cards offered: uuids when detected, indices when configured
+    gpu_driver: str = ""  # the NVIDIA driver version NVML reported
     features: list[str] = []  # runtime features, e.g. "runc", "criu"
     address: str = ""
     token_id: str = ""  # the worker token it was started with (scope worker:<id>)
@@ -229,8 +232,7 @@ class WorkerUncordoned(Event, frozen=True, kw_only=True):
 
 
 class WorkerSlotReserved(Event, frozen=True, kw_only=True):
-    """Capacity taken on a worker, appended with optimistic concurrency on the worker's subject so two
-    schedulers cannot both take the last slot."""
+    """Capacity taken on a worker, with optimistic concurrency on its subject: one takes the last slot."""
     AGGREGATE = "worker"
     ID_FIELD = "worker_id"
     SYSTEM = True
@@ -421,8 +423,7 @@ class SecretDeleted(Event, frozen=True, kw_only=True):
 # ---- shared pre-import checkpoints ---------------------------------------------------------------
 
 class CatalogueBuilt(Event, frozen=True, kw_only=True):
-    """A catalogue of shared pre-import checkpoints (levers9.contracts.catalogue) is stored in S3;
-    the newest one of a flavor replaces the one before."""
+    """A catalogue of shared pre-import checkpoints is in S3; a flavor's newest replaces the one before."""
     AGGREGATE = "catalogue"
     ID_FIELD = "catalogue_id"
     SYSTEM = True
@@ -479,6 +480,7 @@ class FunctionCallFinished(Event, frozen=True, kw_only=True):
     retrying: bool = False
 
 
+from .events_clusters import ClusterAttached, ClusterDetached, ClusterShared  # noqa: E402 - they subclass Event
 from .events_volumes import VolumeCreated, VolumeDeleted  # noqa: E402 - they subclass Event
 
 AnyEvent = Union[
@@ -492,7 +494,7 @@ AnyEvent = Union[
     ImageDeleted,
     TokenCreated, TokenRevoked, SecretSet, SecretDeleted,
     FunctionCallStarted, FunctionCallFinished, CatalogueBuilt, WorkerCatalogueChecked,
-    VolumeCreated, VolumeDeleted,
+    VolumeCreated, VolumeDeleted, ClusterAttached, ClusterShared, ClusterDetached,
 ]
 
 EVENT_TYPES: dict[str, type[Event]] = {cls.__name__: cls for cls in AnyEvent.__args__}  # type: ignore[attr-defined]

@@ -26,7 +26,7 @@ GpuType = Annotated[str, Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,31}$")]
 MAX_CPU_MILLICORES = 256_000
 MIN_MEMORY_MIB = 16
 MAX_MEMORY_MIB = 4 * 1024 * 1024
-MAX_GPUS = 16
+MAX_GPUS = 8  # cards of one node for one container (a worker never splits a container over nodes)
 
 
 class Resources(msgspec.Struct, frozen=True, kw_only=True):

@@ -148,6 +148,8 @@ class Bus:
         payload = encode(env)
         if self.auth.signer is not None:  # a power event this process owns carries its signature
             headers.update(self.auth.signer.headers(subject, payload))
+        if self.auth.reporter is not None:  # a worker's container report names it as the sender
+            headers.update(self.auth.reporter.headers(subject, payload))
         try:
             try:  # the first try outside the retry loop: building one costs more than the publish itself
                 ack = await self.js.publish(subject, payload, headers=headers, stream=subjects.STREAM)

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from . import nats_auth, nats_jwt
-from .bus_signing import Signer, Verifier
+from .bus_signing import Reporter, Signer, Verifier
 
 if TYPE_CHECKING:
     from .config import Settings
@@ -18,6 +18,7 @@ class BusAuth:
     creds: str = ""  # a .creds file: user JWT + nkey seed
     signer: Signer | None = None  # signs the power events this process owns
     verifier: Verifier | None = None  # checks the power events this process consumes
+    reporter: Reporter | None = None  # a worker: signs its container reports as itself (its NATS user)
 
     @classmethod
     def from_settings(cls, s: Settings) -> "BusAuth":
@@ -28,7 +29,8 @@ class BusAuth:
         if not creds and not s.service and (admin / "admin.creds").exists():
             creds, signing, signers = str(admin / "admin.creds"), str(admin / "admin.sign"), str(admin / "signers.json")
         return cls(creds=creds, signer=Signer.load(signing) if signing else None,
-                   verifier=Verifier.load(signers) if signers else None)
+                   verifier=Verifier.load(signers) if signers else None,
+                   reporter=Reporter.from_creds(creds) if creds and s.service == "worker" else None)
 
     def connect_options(self) -> dict[str, Any]:
         """nats.connect() keywords: the credentials and the inbox prefix the user may subscribe to."""

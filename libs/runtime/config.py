@@ -47,6 +47,8 @@ class Settings:
     worker_cpu_millicores: int = 0  # capacity a worker offers; 0: the whole machine
     worker_memory_mib: int = 0
     worker_token: str = ""
+    worker_gpu_type: str = ""  # the pool's GPU type; the inventory comes from NVML when present
+    worker_gpu_count: int = 0  # cards configured for this worker when NVML detects none
     worker_criu: str = "auto"  # auto | on | off: checkpoint/restore on this worker (the pool's `criu`)
     cache_port: int = 2050  # the node content cache
     relay_port: int = 0  # the worker's executor relay (function sandboxes); 0: any free port
@@ -62,6 +64,15 @@ class Settings:
     runtime: str = "auto"  # auto | runc | process
     bridge_name: str = "levers9br0"
     bridge_subnet: str = "10.209.0.0/24"  # containers' addresses; keep it clear of real networks
+    # workers as hosts (pool backend "netns"): each worker in its own network namespace on this
+    # underlay bridge and subnet (host side = its first address), its containers on its own /24 of
+    # hosts_container_supernet, published at host_address:publish_port_base+N (levers9.runtime.hosts)
+    hosts_bridge: str = "levers9hosts"
+    hosts_subnet: str = "10.210.0.0/24"
+    hosts_container_supernet: str = "10.209.0.0/16"
+    host_address: str = ""  # this worker's address as a host; empty: containers are reached at their bridge IP
+    publish_port_base: int = 20000
+    cache_dir: str = ""  # the node cache's blobs; empty: <image_cache>/blobs (shared by the machine's workers)
     container_peers: str = "none"  # which containers may reach each other: none | deployment | workspace
     container_egress: str = ""  # networks containers may connect to beyond the bridge (CIDRs, comma-separated)
     image_cache: str = "/var/cache/levers9"  # base root file systems, shared by workers of a machine

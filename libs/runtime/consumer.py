@@ -19,6 +19,7 @@ subscription that errors or idles too long is re-created.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import time
@@ -65,6 +66,11 @@ class Delivery:
     async def term(self) -> None:
         if self.raw is not None:
             await self.raw.term()
+
+    async def in_progress(self) -> None:
+        """Restart the server's ack wait: the message is still being worked on (+WPI)."""
+        if self.raw is not None:
+            await self.raw.in_progress()
 
 
 def to_delivery(msg: Msg, verifier: Verifier | None = None) -> Delivery:
@@ -291,7 +297,9 @@ class WorkConsumer(_Pull):
     async def _subscribe(self) -> JetStreamContext.PullSubscription:
         js = self.bus.js
         try:
-            await js.consumer_info(subjects.STREAM, self.durable)
+            info = await js.consumer_info(subjects.STREAM, self.durable)
+            if info.config.ack_wait is not None and abs(info.config.ack_wait - self.ack_wait) > 0.001:
+                await self._update_ack_wait(info.config)
         except nats.js.errors.NotFoundError:
             config = ConsumerConfig(
                 durable_name=self.durable, ack_policy=AckPolicy.EXPLICIT, deliver_policy=self.deliver_policy,
@@ -301,13 +309,39 @@ class WorkConsumer(_Pull):
             await js.add_consumer(subjects.STREAM, config)
         return await js.pull_subscribe_bind(durable=self.durable, stream=subjects.STREAM)
 
+    async def _update_ack_wait(self, config: ConsumerConfig) -> None:
+        """A durable made by an older release keeps its ack wait unless told (an update, not a new one)."""
+        try:
+            await self.bus.js.add_consumer(subjects.STREAM, dataclasses.replace(config, ack_wait=self.ack_wait))
+            log.info("consumer %s: ack wait %.0f s -> %.0f s", self.durable, config.ack_wait or 0, self.ack_wait)
+        except nats.js.errors.APIError as exc:  # keeps working with the old one
+            log.warning("consumer %s: could not change its ack wait: %s", self.durable, exc)
+
     async def run(self, stop: asyncio.Event) -> None:
         async def one_by_one(batch: list[Delivery]) -> None:
-            for d in batch:  # one at a time: finish the message in hand before stopping
-                await self._one(d)
+            pending = list(batch)
+            keeper = asyncio.create_task(self._keep_in_progress(pending), name=f"in progress {self.durable}")
+            try:
+                for d in batch:  # one at a time: finish the message in hand before stopping
+                    await self._one(d)
+                    pending.remove(d)
+            finally:
+                keeper.cancel()
 
         await self._loop(stop, self.durable, one_by_one)
         await self._drop_sub()
+
+    async def _keep_in_progress(self, pending: list[Delivery]) -> None:
+        """While a batch is worked through, tell the server its unfinished messages are in hand, so the
+        ack wait can be short: a process that dies with a message in hand gets it redelivered (to its
+        next run) after ack_wait, not after the longest a handler may take."""
+        while pending:
+            await asyncio.sleep(self.ack_wait / 3)
+            for d in list(pending):
+                try:
+                    await d.in_progress()
+                except (nats.errors.Error, OSError) as exc:  # the connection is down: the server redelivers
+                    log.debug("consumer %s: in-progress of seq %d: %r", self.durable, d.seq, exc)
 
     async def _one(self, d: Delivery) -> None:
         if d.error or d.message is None:

@@ -11,8 +11,10 @@ Roles:
   purging or updating) the platform's streams.
 - a worker: its own worker aggregate, the container/checkpoint/image/deployment event types a
   worker reports, its own heartbeat key; consumers and reads. Container ids are not known when a
-  worker is provisioned, so it may report on any container (the worker's signature still makes
-  the report attributable, and it can never schedule, reserve or register anything but itself).
+  worker is provisioned, so the server lets it publish a report on any container; the consumers
+  bind each report to its sender instead (signed with the worker's own user key, bus_signing.py)
+  and apply it only from the worker the container is placed on (views.foreign_report). It can
+  never schedule, reserve or register anything but itself.
 - a publisher of workspace W (`levers9 publishers create`): only OUTSIDE_TYPES under `levers9.W.`,
   and one audit consumer of its own, filtered to `levers9.W.>`.
 
@@ -50,6 +52,10 @@ POWER_OWNERS: dict[str, frozenset[str]] = {
     "WorkerSlotReleased": frozenset({"scheduler"}),
     "ContainerScheduled": frozenset({"scheduler"}),
     "PlacementDeferred": frozenset({"scheduler"}),
+    # attached clusters (events_clusters.py): who may run work on a workspace's cluster
+    "ClusterAttached": frozenset({"gateway"}),
+    "ClusterShared": frozenset({"gateway"}),
+    "ClusterDetached": frozenset({"gateway"}),
 }
 
 # What another system may publish into its workspace: requests, which the platform's services then
@@ -70,6 +76,13 @@ WORKER_TYPES: dict[str, tuple[str, ...]] = {
 }
 
 HEARTBEAT_BUCKET = "levers9_heartbeats"
+# Core NATS request/reply (never the log: a start carries the worker's token and NATS user) from the
+# pool controller to the gateway, which relays it to the cluster's agent (levers9rpc.cluster.<name>.<op>).
+CLUSTER_RPC = "levers9rpc.cluster"
+# what each service may do on it besides the log: the pool controller asks, the gateway answers (into
+# the pool controller's own inbox: the JWTs carry no response permission)
+_RPC_PUB = {"pool-controller": [f"{CLUSTER_RPC}.>"], "gateway": ["_INBOX_pool-controller.>"]}
+_RPC_SUB = {"gateway": [f"{CLUSTER_RPC}.>"]}
 STREAMS = (subjects.STREAM, subjects.DLQ_STREAM, f"KV_{HEARTBEAT_BUCKET}")
 
 # Reading and consuming: every role but a publisher.
@@ -107,7 +120,10 @@ def _perms(pub_allow: list[str], tag: str, pub_deny: list[str] = ()) -> dict[str
 def service_permissions(service: str) -> dict[str, Any]:
     if service not in ROLES_SERVICES:
         raise ValueError(f"unknown service {service!r}; known: {', '.join(ROLES_SERVICES)}")
-    return _perms([f"{subjects.ROOT}.>", *_JS_READ, *_JS_TOPOLOGY], service, _not_owned(service))
+    perms = _perms([f"{subjects.ROOT}.>", *_JS_READ, *_JS_TOPOLOGY, *_RPC_PUB.get(service, [])], service,
+                   _not_owned(service))
+    perms["sub"]["allow"] += _RPC_SUB.get(service, [])
+    return perms
 
 
 def worker_tag(worker_id: str) -> str:

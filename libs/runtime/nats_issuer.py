@@ -24,7 +24,7 @@ from levers9.contracts import uuid7
 
 from . import nats_auth
 from . import nats_jwt as J
-from .bus_signing import Signer
+from .bus_signing import ISSUER_KEY, Signer
 
 ACCOUNT_NAME = "LEVERS9"
 SIGNING_ROLES = (nats_auth.ADMIN, *nats_auth.ROLES_SERVICES, nats_auth.WORKER)
@@ -81,6 +81,8 @@ class Issuer:
                 perms = (nats_auth.admin_permissions() if role == nats_auth.ADMIN
                          else nats_auth.service_permissions(role))
                 _write_secret(self.creds_path(role), self.mint(role, perms)[0])
+        # the key that issues every user: consumers check a container report's sender against it
+        signers[ISSUER_KEY] = J.public_key(self._seed("signing", "account"))
         (self.dir / "signers.json").write_text(json.dumps(signers, indent=1))
 
     def creds_path(self, role: str) -> Path:

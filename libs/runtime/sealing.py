@@ -99,6 +99,15 @@ def _unb64(text: str) -> bytes:
     return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
 
 
+def _unb64_exact(text: str) -> bytes:
+    """What _b64 wrote, and nothing else: base64's last character carries spare bits, so another
+    character there can decode to the same bytes; a sealed value so altered is refused too."""
+    data = _unb64(text)
+    if _b64(data) != text:  # also refuses what _unb64 forgives: spaces, "+" and "/"
+        raise ValueError("not the canonical base64 of its bytes")
+    return data
+
+
 def parse_keyring(text: str) -> Keyring:
     """A keyring from its text: JSON {"primary": id, "keys": {id: base64}}, or `id:base64,id:base64`
     (the first is primary), or one bare base64 key (its id is its fingerprint)."""
@@ -179,7 +188,7 @@ def _parse_value(token: str) -> tuple[str, bytes, bytes]:
                             "cannot be opened any more: set it again with `levers9 secret create NAME VALUE`")
         raise SealError(f"not a sealed value of a known format (expected {VALUE_PREFIX}:KEY_ID:DEK:BODY)")
     try:
-        return parts[1], _unb64(parts[2]), _unb64(parts[3])
+        return parts[1], _unb64_exact(parts[2]), _unb64_exact(parts[3])
     except ValueError:
         raise Tampered("a sealed value is not valid base64: it was altered") from None
 
@@ -250,8 +259,10 @@ class ArchiveOpener:
     """Open a sealed stream: `update(chunk)` per chunk returns plaintext as it is authenticated,
     `finish()` checks the final segment (a truncated archive raises Tampered)."""
 
-    def __init__(self, ring: Keyring, context: str) -> None:
-        self.ring, self.context = ring, context
+    def __init__(self, ring: Keyring | None, context: str, data_key: bytes | None = None) -> None:
+        """`data_key`: the archive's own key, given by a holder of the keyring (a worker without one
+        gets it from the gateway for one checkpoint); otherwise unwrapped here with `ring`."""
+        self.ring, self.context, self.data_key = ring, context, data_key
         self.buffer = bytearray()
         self.aead: AESGCM | None = None
         self.header_bytes = b""
@@ -273,13 +284,18 @@ class ArchiveOpener:
             header = json.loads(self.header_bytes[len(MAGIC) + 4:])
             if header.get("v") != 1 or header.get("alg") != "AES-256-GCM":
                 raise SealError(f"a sealed archive of an unknown version {header.get('v')!r}/{header.get('alg')!r}")
-            wrapped, self.prefix, self.segment = _unb64(header["dek"]), _unb64(header["prefix"]), int(header["segment"])
+            wrapped, self.prefix = _unb64_exact(header["dek"]), _unb64_exact(header["prefix"])
+            self.segment = int(header["segment"])
             kid = str(header["kek"])
         except (ValueError, KeyError, TypeError) as exc:
             raise Tampered(f"a sealed archive's header cannot be read ({type(exc).__name__}): it was altered") from None
         if self.segment <= 0 or len(self.prefix) != 8:
             raise Tampered("a sealed archive's header is not valid: it was altered")
-        self.aead = AESGCM(_unwrap(self.ring, kid, wrapped, self.context))
+        if self.data_key is None:
+            if self.ring is None:
+                raise SealError("a sealed archive needs the secrets keyring or its data key to open")
+            self.data_key = _unwrap(self.ring, kid, wrapped, self.context)
+        self.aead = AESGCM(self.data_key)
         del self.buffer[:end]
         return True
 
@@ -328,3 +344,17 @@ def seal_archive(ring: Keyring, data: bytes, context: str, segment: int = SEGMEN
 def open_archive(ring: Keyring, data: bytes, context: str) -> bytes:
     o = ArchiveOpener(ring, context)
     return o.update(data) + o.finish()
+
+
+HEADER_MAX = len(MAGIC) + 4 + 64 * 1024  # the most a sealed archive's header may take
+
+
+def archive_data_key(ring: Keyring, head: bytes, context: str) -> bytes:
+    """The data key of the sealed archive whose first bytes (at least its header) are `head`: what a
+    holder of the keyring hands a worker without one, to open that one archive and nothing else."""
+    opener = ArchiveOpener(ring, context)
+    opener.buffer += head
+    if not opener._read_header():
+        raise Tampered("a sealed archive ends inside its header: it was truncated")
+    assert opener.data_key is not None
+    return opener.data_key

@@ -7,8 +7,24 @@ from typing import Any
 
 from aiobotocore.config import AioConfig
 from aiobotocore.session import AioSession, get_session
+from botocore.exceptions import (
+    ConnectionClosedError,
+    ConnectTimeoutError,
+    EndpointConnectionError,
+    HTTPClientError,
+    ReadTimeoutError,
+)
 
 from .config import Settings
+
+# S3 itself is unreachable (the transport failed, or something else answers on its port), as opposed
+# to S3 answering with an error: callers wait for it or say it is down, they do not fail the object
+S3_UNREACHABLE = (EndpointConnectionError, ConnectTimeoutError, ReadTimeoutError, ConnectionClosedError,
+                  HTTPClientError)
+
+
+class S3Unavailable(ConnectionError):
+    """S3 is unreachable. A ConnectionError, so a consumer retries the event instead of failing it."""
 
 
 def workspace_bucket(workspace: str) -> str:

@@ -93,21 +93,41 @@ class ContainersView(BatchedProjection):
                 VALUES ($1, $2, $3, $4::timestamptz, $5, 1, $6::text, $7::text, $8, $9::int, $10,
                         CASE WHEN $6::text <> '' AND $7::text <> '' THEN $4::timestamptz END, $11::text, $12::text,
                         CASE WHEN $14 THEN $13::text ELSE '' END)
-                ON CONFLICT (workspace, container_id) DO UPDATE SET status = $3, updated_at = $4,
-                version = {schema}.containers.version + 1,
-                worker_id = CASE WHEN $6 <> '' THEN $6 ELSE {schema}.containers.worker_id END,
-                address = CASE WHEN $7 <> '' THEN $7 ELSE {schema}.containers.address END,
-                reason = CASE WHEN $8 <> '' THEN $8 ELSE {schema}.containers.reason END,
-                exit_code = COALESCE($9, {schema}.containers.exit_code), last_seq = $10,
-                ready_at = CASE WHEN $6::text <> '' AND $7::text <> '' THEN $4::timestamptz
-                                ELSE {schema}.containers.ready_at END,
-                note = CASE WHEN $11 <> '' THEN $11 ELSE {schema}.containers.note END,
-                restored_from = CASE WHEN $12 <> '' THEN $12 ELSE {schema}.containers.restored_from END,
-                checkpoint_to_restore = CASE WHEN $14 THEN $13 ELSE {schema}.containers.checkpoint_to_restore END""",
+                ON CONFLICT (workspace, container_id) DO UPDATE SET {_guarded(schema, {
+                    "status": "$3", "updated_at": "$4",
+                    "worker_id": f"CASE WHEN $6 <> '' THEN $6 ELSE {schema}.containers.worker_id END",
+                    "address": f"CASE WHEN $7 <> '' THEN $7 ELSE {schema}.containers.address END",
+                    "reason": f"CASE WHEN $8 <> '' THEN $8 ELSE {schema}.containers.reason END",
+                    "exit_code": f"COALESCE($9, {schema}.containers.exit_code)",
+                    "ready_at": "CASE WHEN $6::text <> '' AND $7::text <> '' THEN $4::timestamptz "
+                                f"ELSE {schema}.containers.ready_at END",
+                    "note": f"CASE WHEN $11 <> '' THEN $11 ELSE {schema}.containers.note END",
+                    "restored_from": f"CASE WHEN $12 <> '' THEN $12 ELSE {schema}.containers.restored_from END",
+                    "checkpoint_to_restore": f"CASE WHEN $14 THEN $13 ELSE {schema}.containers.checkpoint_to_restore END",
+                })}, version = {schema}.containers.version + 1, last_seq = $10""",
             (env.workspace, container_id, status, at, env.correlation_id, getattr(ev, "worker_id", ""),
              getattr(ev, "address", ""), getattr(ev, "reason", ""), getattr(ev, "exit_code", None), seq,
              getattr(ev, "note", ""), getattr(ev, "restored_from", ""), getattr(ev, "checkpoint_id", ""), scheduled)))
         return out
+
+
+def foreign_report(placed_on: str, ev: object) -> bool:
+    """A report from a worker other than the one the container is placed on (a late one from a
+    worker it left, or one worker reporting on another's container): it changes nothing but the
+    position. The same rule as _guarded's SQL, for state folded in memory (scheduler, gateway)."""
+    reporter = getattr(ev, "worker_id", "")
+    return not isinstance(ev, E.ContainerScheduled) and bool(reporter and placed_on and reporter != placed_on)
+
+
+def _guarded(schema: str, updates: dict[str, str]) -> str:
+    """SET clauses that leave the row as it is when the event is a report from a worker other than
+    the one the container is placed on ($6 the reporting worker, $14 true for the placement itself):
+    a late report from a worker the container left, or one worker reporting on another's container,
+    changes nothing (its position is still recorded)."""
+    foreign = (f"(NOT $14 AND $6::text <> '' AND {schema}.containers.worker_id <> '' "
+               f"AND {schema}.containers.worker_id <> $6::text)")
+    return ", ".join(f"{col} = CASE WHEN {foreign} THEN {schema}.containers.{col} ELSE {expr} END"
+                     for col, expr in updates.items())
 
 
 WORKER_STATUS = {"WorkerProvisioned": "provisioning", "WorkerRegistered": "registered", "WorkerReady": "ready",
@@ -135,7 +155,11 @@ class WorkersView(BatchedProjection):
                 f"""CREATE TABLE IF NOT EXISTS {schema}.worker_slots (
             worker_id text NOT NULL, container_id text NOT NULL, workspace text NOT NULL, cpu_millicores int NOT NULL,
             memory_mib int NOT NULL, gpu_count int NOT NULL, reserved_seq bigint NOT NULL,
-            PRIMARY KEY (worker_id, container_id))"""]
+            PRIMARY KEY (worker_id, container_id))""",
+                # the GPU inventory's source, cards and driver (added later: tables made before lack them)
+                f"""ALTER TABLE {schema}.workers ADD COLUMN IF NOT EXISTS gpu_source text NOT NULL DEFAULT '',
+            ADD COLUMN IF NOT EXISTS gpu_ids text[] NOT NULL DEFAULT '{{}}',
+            ADD COLUMN IF NOT EXISTS gpu_driver text NOT NULL DEFAULT ''"""]
 
     def statements(self, schema: str, msg: Message, seq: int) -> list[tuple[str, tuple]]:
         ev = msg.event
@@ -150,13 +174,16 @@ class WorkersView(BatchedProjection):
                      updated_at = $3, version = {schema}.workers.version + 1, last_seq = $4{{sets}}"""
         if isinstance(ev, E.WorkerRegistered):
             sql = upsert.format(
-                cols=", pool, cpu_millicores, memory_mib, gpu_type, gpu_count, features, address, token_id",
-                vals=", $5, $6, $7, $8, $9, $10, $11, $12",
+                cols=", pool, cpu_millicores, memory_mib, gpu_type, gpu_count, features, address, token_id, gpu_source, "
+                     "gpu_ids, gpu_driver",
+                vals=", $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15",
                 sets=f""", pool = $5, cpu_millicores = $6, memory_mib = $7, gpu_type = $8, gpu_count = $9,
                      features = $10, address = $11,
-                     token_id = CASE WHEN $12 <> '' THEN $12 ELSE {schema}.workers.token_id END""")
+                     token_id = CASE WHEN $12 <> '' THEN $12 ELSE {schema}.workers.token_id END,
+                     gpu_source = $13, gpu_ids = $14, gpu_driver = $15""")
             return [(sql, (ev.worker_id, status, at, seq, ev.pool, ev.cpu_millicores, ev.memory_mib, ev.gpu_type,
-                           ev.gpu_count, list(ev.features), ev.address, ev.token_id))]
+                           ev.gpu_count, list(ev.features), ev.address, ev.token_id, ev.gpu_source, list(ev.gpu_ids),
+                           ev.gpu_driver))]
         if isinstance(ev, E.WorkerProvisioned):
             sql = upsert.format(cols=", pool, backend", vals=", $5, $6", sets=", pool = $5, backend = $6")
             return [(sql, (ev.worker_id, status, at, seq, ev.pool, ev.backend))]

@@ -17,8 +17,10 @@ from rich.table import Table
 
 from levers9.cli_app import register as _register_app_commands
 from levers9.cli_catalogue import catalogue_app
+from levers9.cli_clusters import register as _register_cluster_commands
 from levers9.cli_functions import register as _register_function_commands
 from levers9.cli_images import register as _register_image_commands
+from levers9.cli_nats import nats_app
 from levers9.cli_publishers import publishers_app
 from levers9.cli_secrets import register as _register_secret_commands
 from levers9.cli_volumes import register as _register_volume_commands
@@ -34,11 +36,13 @@ app.add_typer(catalogue_app, name="catalogue")
 app.add_typer(contracts_app, name="contracts")
 app.add_typer(projections_app, name="projections")
 app.add_typer(publishers_app, name="publishers")
+app.add_typer(nats_app, name="nats")
 _register_app_commands(app)
 _register_function_commands(app)
 _register_image_commands(app)
 _register_secret_commands()
 _register_volume_commands(app)
+_register_cluster_commands(app)
 
 console = Console(stderr=True, soft_wrap=True)
 out = Console(width=None if sys.stdout.isatty() else 250)  # pipes and files get whole lines

@@ -347,11 +347,11 @@ def containers_logs(container_id: str = typer.Argument(..., metavar="ID"),
 
 @workers_app.command("list")
 def workers_list(json_out: bool = JSON_OPTION) -> None:
-    """List workers."""
+    """List workers; gpu_source says whether NVML detected the GPUs or the pool configured them."""
     with errors():
         rows = client().list_workers()
-    show_rows(rows, ["worker_id", "pool", "status", "cordoned", "cpu_millicores", "memory_mib", "gpu_type",
-                     "gpu_count", "address", "updated_at"], json_out)
+    show_rows(rows, ["worker_id", "pool", "cluster", "status", "cordoned", "cpu_millicores", "memory_mib", "gpu_type",
+                     "gpu_count", "gpu_source", "address", "updated_at"], json_out)
 
 
 @workers_app.command("cordon")

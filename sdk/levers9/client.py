@@ -179,9 +179,16 @@ class Client:
 
     # -- containers --
 
-    def list_containers(self, all: bool = False) -> list[dict[str, Any]]:
-        return self._call("GET", "/api/v1/containers", "listing containers",
-                          params={"all": "true" if all else "false"})
+    def list_containers(self, all: bool = False, page: int = 1000) -> list[dict[str, Any]]:
+        """Every container, a page at a time (a page may repeat or miss a container that changed
+        while paging: the list is ordered by last change)."""
+        rows: list[dict[str, Any]] = []
+        while True:
+            batch = self._call("GET", "/api/v1/containers", "listing containers",
+                               params={"all": "true" if all else "false", "limit": page, "offset": len(rows)})
+            rows += batch
+            if len(batch) < page:
+                return rows
 
     def list_checkpoints(self, all: bool = False) -> list[dict[str, Any]]:
         return self._call("GET", "/api/v1/checkpoints", "listing checkpoints",

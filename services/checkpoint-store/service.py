@@ -5,7 +5,9 @@ On CheckpointDumped it streams the tar from the dumping node's cache into the wo
 container's environment, secrets included: AES-256-GCM under a fresh data key wrapped by the
 secrets keyring's primary KEK, bound to the object's location; levers9.runtime.sealing), checks the
 plaintext's size and sha256, and appends CheckpointStored;
-when S3 stays down it gives up cleanly with CheckpointFailed (stage upload). A checkpoint of a
+while S3 is unreachable the checkpoint stays dumped and the event is retried (a transient failure
+for the consumer) until S3 is back, so an outage loses no checkpoint; any other failure ends it with
+CheckpointFailed (stage upload). A checkpoint of a
 deployment that was deleted meanwhile is refused. CheckpointDeleted removes the object.
 """
 
@@ -16,16 +18,17 @@ import hashlib
 import logging
 
 import httpx
-from tenacity import AsyncRetrying, stop_after_attempt, wait_exponential
+from tenacity import AsyncRetrying, retry_if_not_exception_type, stop_after_attempt, wait_exponential
 
 from levers9.contracts import caused_by, subjects
 from levers9.contracts import events as E
+from levers9.contracts.ids import InvalidName
 from levers9.runtime.consumer import Delivery, WorkConsumer
 from levers9.runtime.sealing import ArchiveSealer
 from levers9.runtime.secrets import checkpoint_context, keyring
 from levers9.runtime.service import Service
-from levers9.runtime.storage import s3_client, workspace_bucket
-from levers9.runtime.views import CheckpointsView, DeploymentsView
+from levers9.runtime.storage import S3_UNREACHABLE, S3Unavailable, s3_client, workspace_bucket
+from levers9.runtime.views import CheckpointsView, ContainersView, DeploymentsView
 
 log = logging.getLogger("levers9.checkpoint_store")
 
@@ -37,9 +40,14 @@ class UploadFailed(Exception):
     pass
 
 
+class ProjectionBehind(ConnectionError):
+    """Transient: the consumer tries the event again once this service's projection has caught up."""
+
+
 class CheckpointStoreService(Service):
     name = "checkpoint-store"
-    projections = (CheckpointsView(), DeploymentsView())
+    # containers: which worker each container is placed on, so a dump is taken only from that worker
+    projections = (CheckpointsView(), DeploymentsView(), ContainersView())
 
     def s3(self):
         return s3_client(self.settings)
@@ -69,13 +77,23 @@ class CheckpointStoreService(Service):
                 checkpoint_id=ev.checkpoint_id, stage="upload", reason="its deployment was deleted",
                 deployment_id=ev.deployment_id, worker_id=ev.worker_id)))
             return
+        refused = await self.not_its_worker(env.workspace, ev)
+        if refused:
+            log.warning("checkpoint %s refused: %s", ev.checkpoint_id, refused)
+            await self.bus.publish(caused_by(env, E.CheckpointFailed(
+                checkpoint_id=ev.checkpoint_id, stage="upload", reason=refused,
+                deployment_id=ev.deployment_id, worker_id=ev.worker_id)))
+            return
         bucket, key = workspace_bucket(env.workspace), f"checkpoints/{ev.deployment_id}/{ev.checkpoint_id}.tar"
         try:
             size, sha = await self.upload(ev.location, bucket, key)
             if sha != ev.sha256 or size != ev.size_bytes:
                 raise UploadFailed(f"the node served {size} bytes hashing to {sha}; the dump recorded "
                                    f"{ev.size_bytes} bytes hashing to {ev.sha256}")
-        except Exception as exc:  # noqa: BLE001 - every failure ends the checkpoint with its reason
+        except S3_UNREACHABLE as exc:
+            log.warning("checkpoint %s waits for S3: %s", ev.checkpoint_id, exc)
+            raise S3Unavailable(f"S3 is unreachable: {exc}") from exc
+        except Exception as exc:  # noqa: BLE001 - every other failure ends the checkpoint with its reason
             log.warning("checkpoint %s not stored: %s", ev.checkpoint_id, exc)
             await self.bus.publish(caused_by(env, E.CheckpointFailed(
                 checkpoint_id=ev.checkpoint_id, stage="upload", reason=f"{type(exc).__name__}: {exc}",
@@ -84,6 +102,26 @@ class CheckpointStoreService(Service):
         await self.bus.publish(caused_by(env, E.CheckpointStored(checkpoint_id=ev.checkpoint_id, bucket=bucket,
                                                                  key=key, size_bytes=size, sha256=sha)))
         log.info("checkpoint %s stored: %d bytes in s3://%s/%s", ev.checkpoint_id, size, bucket, key)
+
+    async def not_its_worker(self, workspace: str, ev: E.CheckpointDumped) -> str | None:
+        """Why a dump is refused, or None: only the worker its container is placed on may hand in a
+        container's checkpoint (another worker could otherwise have any deployment restored from a
+        process image of its own). The report's sender is checked by the consumer (bus_signing)."""
+        try:
+            last = await self.bus.last_seq(subjects.filter_subject(workspace=workspace, aggregate="container",
+                                                                  aggregate_id=ev.container_id))
+        except InvalidName:
+            last = 0
+        if not last:
+            return f"container {ev.container_id!r} of this checkpoint has no events"
+        if not await self.wait_projected(last, "containers", timeout=30):
+            raise ProjectionBehind(f"the containers projection has not reached {last} yet")
+        placed = await self.pool.fetchval("SELECT worker_id FROM checkpoint_store.containers WHERE workspace=$1 "
+                                          "AND container_id=$2", workspace, ev.container_id)
+        if placed != ev.worker_id:
+            return (f"dumped by worker {ev.worker_id!r}, but container {ev.container_id} is placed on "
+                    f"{placed or 'no worker'!r}: refused")
+        return None
 
     async def upload(self, location: str, bucket: str, key: str) -> tuple[int, str]:
         """Stream the node's blob, sealed, into a multipart upload; each part retried with backoff.
@@ -133,7 +171,10 @@ class CheckpointStoreService(Service):
             await s3.create_bucket(Bucket=bucket)
 
     async def _retry(self, call):
+        # S3 unreachable is not retried here: botocore already retried the connection, and the
+        # consumer tries the whole event again until S3 is back
         async for attempt in AsyncRetrying(stop=stop_after_attempt(UPLOAD_ATTEMPTS), reraise=True,
+                                           retry=retry_if_not_exception_type(S3_UNREACHABLE),
                                            wait=wait_exponential(0.5, max=4)):
             with attempt:
                 return await call()

@@ -8,23 +8,17 @@ import logging
 
 import asyncpg
 import nats.errors
-from botocore.exceptions import (
-    ConnectionClosedError,
-    ConnectTimeoutError,
-    EndpointConnectionError,
-    HTTPClientError,
-    ReadTimeoutError,
-)
 from fastapi import FastAPI, Request
 from fastapi.exception_handlers import http_exception_handler
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
+from levers9.runtime.storage import S3_UNREACHABLE, S3Unavailable
+
 log = logging.getLogger("levers9.gateway")
 
-# HTTPClientError: the transport failed (reset, or something else answering on its port)
-S3_DOWN = (EndpointConnectionError, ConnectTimeoutError, ReadTimeoutError, ConnectionClosedError, HTTPClientError)
+S3_DOWN = (*S3_UNREACHABLE, S3Unavailable)
 POSTGRES_DOWN = (asyncpg.PostgresConnectionError, asyncpg.InterfaceError, asyncpg.exceptions.CannotConnectNowError,
                  ConnectionRefusedError)
 NATS_DOWN = (nats.errors.ConnectionClosedError, nats.errors.NoRespondersError, nats.errors.TimeoutError)

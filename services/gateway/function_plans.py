@@ -15,7 +15,7 @@ from .auth import Caller
 from .function_calls import Plan
 from .function_targets import Sessions
 from .routes_invoke import available_checkpoints, container_requested
-from .state import Deployment
+from .state import Deployment, route_key
 from .state import Gateway as GatewayState
 
 
@@ -36,7 +36,7 @@ def requester(gw: GatewayState, dep: Deployment, correlation: str,
         refs = await available_checkpoints(gw, dep) if dep.spec.checkpoint_enabled else ()
         event = container_requested(dep, restore_choice(dep.spec, refs), uuid7())
         event = msgspec.structs.replace(event, reason="function call", imports=imports)
-        gw.container_deployment[event.container_id] = dep.deployment_id
+        gw.container_deployment[event.container_id] = route_key(dep.workspace, dep.deployment_id)
         await gw.publish(event, dep.workspace, correlation)
         return event.container_id
     return request_container

@@ -44,10 +44,11 @@ BY_MODULE: dict[str, tuple[int, ...]] = {
     "routes_containers": (404, 502),
     "routes_checkpoints": (404, 409),
     "routes_workers": (404,),
-    "routes_internal": (404,),
+    "routes_internal": (404, 409),
     "routes_functions": (400, 404, 409, 413, 500, 502, 504),
     "routes_invoke": (404, 410, 413, 502, 504),
     "routes_volumes": (400, 404, 409, 413),
+    "routes_clusters": (400, 404, 409),
 }
 PUBLIC = {"/healthz", "/metrics"}
 # routes whose success body is not JSON

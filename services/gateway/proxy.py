@@ -20,6 +20,7 @@ from .router import DeploymentRouter, Slot
 
 HOP_BY_HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailers",
               "transfer-encoding", "upgrade", "host", "authorization", "content-length"}
+CONNECT_S = 10.0  # a ready container accepts at once; a host cut off would hold the call for its whole timeout
 WHOLE_ANSWER_BYTES = 1 << 20  # answers up to this size are read whole, larger ones streamed
 CHUNK = 65536
 
@@ -54,7 +55,7 @@ async def forward(session: aiohttp.ClientSession, request: Request, address: str
         body = await request_body(request, limit)
         resp = await session.request(request.method, target_url(address, subpath, request.url.query),
                                      headers=forward_headers(request.headers), data=body,
-                                     timeout=aiohttp.ClientTimeout(total=timeout))
+                                     timeout=aiohttp.ClientTimeout(total=timeout, sock_connect=CONNECT_S))
     except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
         await router.release(slot)
         return JSONResponse({"detail": f"the container did not answer: {type(exc).__name__}: {exc}"},

@@ -68,7 +68,11 @@ class DeploymentRouter:
 
     async def update(self, container_id: str, status: str, address: str = "", reason: str = "") -> None:
         async with self.changed:
-            slot = self.containers.setdefault(container_id, Slot(container_id, status))
+            slot = self.containers.get(container_id)
+            if slot is None or (slot.status == "ready" and status in LIVE and status != "ready"):
+                # new, or re-requested (its worker was lost: it starts again elsewhere, at a new address):
+                # calls still in flight to the old address keep the old slot, and take none of the new one's
+                slot = self.containers[container_id] = Slot(container_id, status)
             slot.status = status
             if address:
                 slot.address = address

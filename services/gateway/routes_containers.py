@@ -7,7 +7,7 @@ from typing import Any
 
 import httpx
 import msgspec
-from fastapi import APIRouter, HTTPException, Request
+from fastapi import APIRouter, HTTPException, Query, Request, Response
 from fastapi.responses import StreamingResponse
 from starlette.background import BackgroundTask
 
@@ -73,12 +73,20 @@ async def container_row(gw: GatewayState, workspace: str, container_id: str) -> 
 
 
 @router.get("/api/v1/containers")
-async def list_containers(caller: User, gw: Gateway, all: bool = False) -> list[dict[str, Any]]:
+async def list_containers(caller: User, gw: Gateway, response: Response, all: bool = False,
+                          limit: int = Query(1000, ge=1, le=10000, description="at most this many, newest first"),
+                          offset: int = Query(0, ge=0, le=1_000_000_000, description="skip this many (the next page)")
+                          ) -> list[dict[str, Any]]:
+    """The workspace's containers, most recently changed first; `X-Total-Count` says how many match
+    in all, so a client pages with `offset` until it has them."""
+    live = "AND ($2 OR c.status NOT IN ('stopped', 'failed'))"
+    total = await gw.pool.fetchval(f"SELECT count(*) FROM gateway.containers c WHERE c.workspace = $1 {live}",
+                                   caller.workspace, all)
     rows = await gw.pool.fetch(
         "SELECT c.*, d.name AS deployment_name FROM gateway.containers c LEFT JOIN gateway.deployments d "
-        "ON d.workspace = c.workspace AND d.deployment_id = c.deployment_id WHERE c.workspace = $1 "
-        "AND ($2 OR c.status NOT IN ('stopped', 'failed')) ORDER BY c.updated_at DESC LIMIT 1000",
-        caller.workspace, all)
+        f"ON d.workspace = c.workspace AND d.deployment_id = c.deployment_id WHERE c.workspace = $1 {live} "
+        "ORDER BY c.updated_at DESC, c.container_id LIMIT $3 OFFSET $4", caller.workspace, all, limit, offset)
+    response.headers["X-Total-Count"] = str(total)
     return [container_json(r) for r in rows]
 
 

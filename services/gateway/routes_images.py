@@ -163,8 +163,13 @@ async def delete_image(image: str, caller: User, gw: Gateway) -> dict[str, Any]:
 
 
 async def resolve_image(gw: GatewayState, workspace: str, blueprint: ImageSpec) -> ImageRef:
-    """The built image a deploy names, as the worker needs it; HTTPException 409 when it is not built."""
+    """The built image a deploy names, as the worker needs it; HTTPException 409 when it is not built.
+    Read once the builds projection holds the image's last event: a client that saw the build end in
+    the log deploys at once, before this gateway may have projected it (a 409 in CI)."""
     image = image_id(blueprint)
+    last = await gw.bus.last_seq(subjects.filter_subject(workspace=workspace, aggregate="image", aggregate_id=image))
+    if last:
+        await gw.wait_projected(last, "builds", timeout=10)
     row = await build_row(gw, workspace, image)
     status = row["status"] if row else "not requested"
     if status != "built":

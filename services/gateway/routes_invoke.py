@@ -24,7 +24,7 @@ from . import proxy
 from .auth import Caller, User
 from .deps import Gateway
 from .router import NoCapacity, StartFailed
-from .state import Deployment
+from .state import Deployment, route_key
 from .state import Gateway as GatewayState
 
 router = APIRouter()
@@ -116,7 +116,7 @@ async def invoke(gw: GatewayState, request: Request, caller: Caller, name: str, 
     async def request_container() -> str:
         refs = await available_checkpoints(gw, dep) if dep.spec.checkpoint_enabled else ()
         event = container_requested(dep, restore_choice(dep.spec, refs), uuid7())
-        gw.container_deployment[event.container_id] = dep.deployment_id
+        gw.container_deployment[event.container_id] = route_key(dep.workspace, dep.deployment_id)
         await gw.publish(event, caller.workspace, correlation)
         return event.container_id
 

@@ -31,7 +31,16 @@ def worker_action_event(worker_id: str, action: str) -> E.Event | None:
 
 @router.get("/api/v1/workers")
 async def list_workers(caller: User, gw: Gateway) -> list[dict[str, Any]]:
-    return [row_json(r) for r in await gw.pool.fetch("SELECT * FROM gateway.workers ORDER BY worker_id")]
+    """The platform's workers, and those of attached clusters the caller's workspace owns or was
+    shared (another workspace's cluster is its own business), each with its `cluster` ("" : the
+    platform's)."""
+    rows = await gw.pool.fetch(
+        "SELECT w.*, COALESCE(cw.cluster, '') AS cluster FROM gateway.workers w "
+        "LEFT JOIN gateway.cluster_workers cw ON cw.worker_id = w.worker_id "
+        "WHERE cw.cluster IS NULL OR EXISTS (SELECT 1 FROM gateway.clusters c WHERE c.name = cw.cluster "
+        "AND c.workspace = $1) OR EXISTS (SELECT 1 FROM gateway.cluster_shares s WHERE s.name = cw.cluster "
+        "AND s.workspace = $1) ORDER BY w.worker_id", caller.workspace)
+    return [row_json(r) for r in rows]
 
 
 @router.post("/api/v1/workers/{worker_id}/{action}", status_code=202)

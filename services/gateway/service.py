@@ -11,10 +11,12 @@ from __future__ import annotations
 from fastapi import FastAPI
 
 from levers9.runtime import juicefs
+from levers9.runtime.views_clusters import ClustersView
 
 from . import (
     routes_catalogues,
     routes_checkpoints,
+    routes_clusters,
     routes_containers,
     routes_deployments,
     routes_functions,
@@ -31,10 +33,13 @@ from .openapi_docs import document
 from .state import Gateway
 
 ROUTERS = (routes_tokens, routes_catalogues, routes_deployments, routes_images, routes_containers, routes_checkpoints, routes_workers,
-           routes_internal, routes_functions, routes_invoke, routes_volumes)
+           routes_internal, routes_functions, routes_invoke, routes_volumes, routes_clusters)
 
 
 class GatewayService(Gateway):
+    # attached clusters (routes_clusters); state.Gateway's tuple type is narrower than Service's Sequence
+    projections = (*Gateway.projections, ClustersView())  # type: ignore[assignment]
+
     def routes(self, app: FastAPI) -> None:
         app.state.gateway = self
         app.state.juicefs = self.juicefs = juicefs.Mount(self.settings, "gateway")  # volumes (routes_volumes)

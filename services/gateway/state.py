@@ -34,6 +34,7 @@ from levers9.runtime.views import (
     SecretsView,
     TokensView,
     WorkersView,
+    foreign_report,
 )
 from levers9.runtime.views_volumes import VolumesView
 
@@ -89,6 +90,7 @@ class Gateway(Service):
         super().__init__(settings)
         self.routers: dict[str, DeploymentRouter] = {}
         self.container_deployment: dict[str, str] = {}  # live containers -> their deployment
+        self.container_worker: dict[str, str] = {}  # live containers -> the worker they are placed on
         self.tokens: dict[str, Caller] = {}  # token sha256 -> caller
         self.deployments: dict[tuple[str, str, str], Deployment] = {}  # (workspace, name, vN|latest)
         self.background_tasks: set[asyncio.Task] = set()  # spawned calls: referenced until done
@@ -102,9 +104,10 @@ class Gateway(Service):
         self.session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=0, limit_per_host=0, keepalive_timeout=60),
             auto_decompress=False, timeout=aiohttp.ClientTimeout(total=None), skip_auto_headers=("User-Agent",))
-        for r in await self.pool.fetch("SELECT container_id, deployment_id FROM gateway.containers "
+        for r in await self.pool.fetch("SELECT container_id, workspace, deployment_id, worker_id FROM gateway.containers "
                                        "WHERE status NOT IN ('stopped', 'failed')"):
-            self.container_deployment[r["container_id"]] = r["deployment_id"]
+            self.container_deployment[r["container_id"]] = route_key(r["workspace"], r["deployment_id"])
+            self.container_worker[r["container_id"]] = r["worker_id"]
 
     async def on_stop(self) -> None:
         await self.http.aclose()
@@ -121,23 +124,30 @@ class Gateway(Service):
         elif p.name == "containers":
             for d in batch:
                 if d.message is not None:
-                    await self.route_event(d.message.event)
+                    await self.route_event(d.message.event, d.message.envelope.workspace)
 
-    async def route_event(self, ev: E.Event) -> None:
+    async def route_event(self, ev: E.Event, workspace: str) -> None:
         if isinstance(ev, E.ContainerRequested):  # a session's sandbox is mapped to its session's router first
-            self.container_deployment.setdefault(ev.container_id, ev.deployment_id)
+            self.container_deployment.setdefault(ev.container_id, route_key(workspace, ev.deployment_id))
         container_id = getattr(ev, "container_id", "")
+        if foreign_report(self.container_worker.get(container_id, ""), ev):
+            log.warning("ignored %s of container %s from worker %s: it is placed on %s", type(ev).__name__,
+                        container_id, getattr(ev, "worker_id", ""), self.container_worker.get(container_id))
+            return
+        if isinstance(ev, (E.ContainerRequested, E.ContainerScheduled)):
+            self.container_worker[container_id] = getattr(ev, "worker_id", "")
         update = route_update(ev)
         if update is None:
             return
         router = self.routers.get(self.container_deployment.get(container_id, ""))
         if update.status in TERMINAL:  # a re-request (a lost worker's container) adds it back
             self.container_deployment.pop(container_id, None)
+            self.container_worker.pop(container_id, None)
         if router is not None:
             await router.update(container_id, update.status, update.address, update.reason)
 
     async def router_for(self, dep: Deployment) -> DeploymentRouter:
-        router = self.routers.get(dep.deployment_id)
+        router = self.routers.get(route_key(dep.workspace, dep.deployment_id))
         if router is None:
             scaling = dep.spec.scaling
             router = DeploymentRouter(dep.deployment_id, scaling.concurrency, scaling.max_containers)
@@ -147,13 +157,19 @@ class Gateway(Service):
             for r in rows:  # a session's sandbox is its session's alone
                 if not self.container_deployment.get(r["container_id"], "").startswith("session:"):
                     await router.update(r["container_id"], r["status"], r["address"])
-            self.routers[dep.deployment_id] = router
+            self.routers[route_key(dep.workspace, dep.deployment_id)] = router
         return router
 
     async def publish(self, event: E.Event, workspace: str,
                       correlation_id: str | None = None) -> tuple[Any, Appended]:
         env = envelope(event, workspace=workspace, correlation_id=correlation_id)
         return env, await self.bus.publish(env)
+
+
+def route_key(workspace: str, deployment_id: str) -> str:
+    """A deployment's router: deployment ids (`<name>-v<N>`) repeat across workspaces, so a router keyed
+    by the id alone sent one workspace's calls to another's containers of the same name."""
+    return f"{workspace}/{deployment_id}"
 
 
 def row_json(record: Any, *jsonb: str) -> dict[str, Any]:

@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 from abc import ABC, abstractmethod
 from pathlib import Path
+from typing import Any, Callable
+
+from levers9.runtime.ports import free_port
 
 from .pools import PoolConfig
 
@@ -30,11 +32,9 @@ class Backend(ABC):
     def exited(self) -> list[str]:
         """Workers this backend knows have died (faster than waiting for the heartbeat to expire)."""
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    def note(self, pool: PoolConfig) -> str:
+        """What the pool's last decision should add (e.g. why its last start failed); "" for nothing."""
+        return ""
 
 
 class LocalBackend(Backend):
@@ -51,18 +51,23 @@ class LocalBackend(Backend):
     def start_worker(self, pool: PoolConfig, worker_id: str, token: str) -> None:
         env = {**os.environ, "LEVERS9_SERVICE": "worker", "LEVERS9_WORKER_ID": worker_id,
                "LEVERS9_WORKER_POOL": pool.name, "LEVERS9_WORKER_TOKEN": token,
-               "LEVERS9_HTTP_PORT": str(_free_port()), "LEVERS9_HOME": str(self.home),
+               "LEVERS9_HTTP_PORT": str(free_port()), "LEVERS9_HOME": str(self.home),
                "LEVERS9_WORKER_CPU_MILLICORES": str(pool.worker_cpu_millicores),
                "LEVERS9_WORKER_MEMORY_MIB": str(pool.worker_memory_mib),
                "LEVERS9_WORKER_CRIU": "auto" if pool.criu else "off",
+               "LEVERS9_WORKER_GPU_TYPE": pool.gpu_type, "LEVERS9_WORKER_GPU_COUNT": str(pool.gpus_per_worker),
                # `levers9 up` restarting its own worker leaves this one alone (levers9.stack MANAGED_ENV)
                "LEVERS9_WORKER_MANAGED_BY": "pool-controller", **worker_bus_env(self.issuer, worker_id)}
+        cmd, env = self.where(worker_id, [sys.executable, "-m", "levers9", "service", "worker"], env)
         logs = self.home / "logs"
         logs.mkdir(parents=True, exist_ok=True)
         with (logs / f"worker-{worker_id}.log").open("ab") as log:
-            self.procs[worker_id] = subprocess.Popen(
-                [sys.executable, "-m", "levers9", "service", "worker"], env=env, stdout=log, stderr=log,
-                stdin=subprocess.DEVNULL, start_new_session=True)
+            self.procs[worker_id] = subprocess.Popen(cmd, env=env, stdout=log, stderr=log,
+                                                     stdin=subprocess.DEVNULL, start_new_session=True)
+
+    def where(self, worker_id: str, cmd: list[str], env: dict[str, str]) -> tuple[list[str], dict[str, str]]:
+        """The command and environment that run this worker: here, as they are (backends_netns: in a host)."""
+        return cmd, env
 
     def stop_worker(self, worker_id: str) -> None:
         proc = self.procs.get(worker_id)
@@ -89,8 +94,37 @@ def worker_bus_env(issuer: str, worker_id: str) -> dict[str, str]:
             "LEVERS9_BUS_SIGNING_KEY": str(iss.signing_path("worker"))}
 
 
-def make_backend(kind: str, home: Path, issuer: str = "") -> Backend:
+def worker_bus_files(issuer: str, worker_id: str) -> dict[str, str]:
+    """What a worker elsewhere (a pod) gets as files: its own NATS user (minted now, for it alone),
+    the workers' signing key and the signers' public keys; none when NATS runs without auth."""
+    if not issuer:
+        return {}
+    from levers9.runtime import nats_auth
+    from levers9.runtime.nats_issuer import Issuer
+
+    iss = Issuer(issuer)
+    creds, _ = iss.mint(nats_auth.worker_tag(worker_id), nats_auth.worker_permissions(worker_id))
+    return {"nats.creds": creds, "worker.sign": iss.signing_path("worker").read_text(),
+            "signers.json": iss.signers_path.read_text()}
+
+
+def make_backend(kind: str, home: Path, issuer: str = "", bus: Callable[[], Any] | None = None) -> Backend:
     if kind == "local":
         return LocalBackend(home, issuer)
-    raise SystemExit(f"pool backend {kind!r} is not available here (only 'local'; a Kubernetes backend "
-                     "is not written yet)")
+    if kind == "netns":  # each worker its own host: a network namespace on an underlay bridge
+        from .backends_netns import NetnsBackend
+
+        return NetnsBackend(home, issuer)
+    if kind == "kubernetes":  # worker pods; the kubernetes client is imported only for such pools
+        from levers9.runtime.config import Settings
+
+        from .backends_k8s import KubernetesBackend
+
+        return KubernetesBackend(Settings.load(), issuer)
+    if kind == "cluster" and bus is not None:  # pods on an attached cluster, through its agent's gateway
+        from levers9.runtime.config import Settings
+
+        from .backends_cluster import ClusterBackend
+
+        return ClusterBackend(Settings.load(), issuer, bus)
+    raise SystemExit(f"pool backend {kind!r} is not available here (known: 'local', 'netns', 'kubernetes', 'cluster')")

@@ -26,13 +26,21 @@ from levers9.contracts.images import BUILD_POOL
 class PoolConfig:
     name: str
     backend: str = "local"
-    gpu_type: str = ""
+    gpu_type: str = ""  # the one GPU type of this pool's workers ("" : no GPUs)
+    gpus_per_worker: int = 0  # cards each worker has; with NVML the worker detects them instead
     worker_cpu_millicores: int = 0  # 0: what the machine has
     worker_memory_mib: int = 0
     min_warm: int = 1
     max_workers: int = 3
     idle_timeout_s: float = 60.0
     criu: bool = True  # checkpoint/restore on this pool's workers (when their `criu check` passes)
+    # backend = "kubernetes" (backends_k8s.py, README "Kubernetes pools"): where and how its worker pods run
+    namespace: str = "levers9-workers"  # the workers' namespace (k8s/rbac.yaml lets the controller in)
+    image: str = "levers9:0.1.0"
+    gpu_label: str = "levers9.io/gpu-type"  # node label whose value must equal gpu_type
+    gpu_limits: bool = True  # request `nvidia.com/gpu: gpus_per_worker` (the device plugin enforces it)
+    worker_secret: str = ""  # Secret in `namespace` with the pool's scoped database/S3 credentials
+    cluster: str = ""  # backend = "cluster" (backends_cluster.py): the attached cluster whose agent runs its pods
 
 
 @dataclass(frozen=True)
@@ -74,6 +82,15 @@ def pool_delta(pool: PoolConfig, workers: list[PoolWorker], backlog: int) -> Del
     surplus = len(alive) - pool.min_warm
     stop = tuple(w.worker_id for w in idle[:max(0, surplus)])
     return Delta(stop=stop, reason=f"idle longer than {pool.idle_timeout_s:.0f} s" if stop else "")
+
+
+def with_unprojected(workers: list[PoolWorker], provisioned: dict[str, str], pool: str) -> list[PoolWorker]:
+    """`workers` (the projection) and the workers this controller provisioned for `pool` that the
+    projection does not show yet, as provisioning: without them two passes a few milliseconds apart
+    both saw too few workers and both started one (min_warm 1 started two)."""
+    seen = {w.worker_id for w in workers}
+    return [*workers, *(PoolWorker(wid, "provisioning", managed=True, busy=False)
+                        for wid, p in sorted(provisioned.items()) if p == pool and wid not in seen)]
 
 
 def with_build_pool(pools: dict[str, PoolConfig]) -> dict[str, PoolConfig]:

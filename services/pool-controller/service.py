@@ -29,10 +29,11 @@ from levers9.runtime.projection import Projection
 from levers9.runtime.service import Service
 from levers9.runtime.tokens import mint
 from levers9.runtime.views import ContainersView, WorkersView
+from levers9.runtime.views_clusters import ClustersView
 
 from .backends import Backend, make_backend
 from .heartbeats import HeartbeatTable, still_beating
-from .pools import PoolConfig, PoolWorker, load_pools, pool_delta
+from .pools import PoolConfig, PoolWorker, load_pools, pool_delta, with_unprojected
 from .rules import HEARTBEAT_EXPIRED, WorkerLoad, WorkerState, idle_for, idle_since, lost_workers
 
 log = logging.getLogger("levers9.pool_controller")
@@ -43,11 +44,18 @@ FIRST_PASS_AFTER_S = 5.0  # let workers started with the stack register before c
 REGISTER_GRACE_S = HEARTBEAT_TTL_S  # a worker that just registered gets one TTL to show its first heartbeat
 TERMINAL = ("lost", "drained")
 FORGET_HEARTBEATS_AFTER_S = 600.0  # far past the TTL: only the table's size depends on it
+# A pool's backlog: its deferred containers; for a pool on an attached cluster, only those of the
+# workspaces that cluster admits (its owner, those it was shared with): another workspace's work waiting
+# in that pool must not make the owner's cluster start workers it can never use.
+BACKLOG = """SELECT count(*) FROM pool_controller.containers c WHERE c.status = 'pending' AND c.pool = $1
+    AND ($2 = '' OR EXISTS (SELECT 1 FROM pool_controller.clusters k WHERE k.name = $2 AND NOT k.detached
+                             AND (k.workspace = c.workspace OR EXISTS (SELECT 1 FROM pool_controller.cluster_shares s
+                                  WHERE s.name = $2 AND s.workspace = c.workspace))))"""
 
 
 class PoolControllerService(Service):
     name = "pool-controller"
-    projections = (WorkersView(), ContainersView())
+    projections = (WorkersView(), ContainersView(), ClustersView())  # clusters: whose backlog a cluster pool serves
 
     def __init__(self, settings: Settings) -> None:
         super().__init__(settings)
@@ -57,6 +65,7 @@ class PoolControllerService(Service):
         self.idle: dict[str, dict[str, float]] = {}  # pool -> worker -> idle since
         self.provisioned_at: dict[str, float] = {}  # worker -> when it was provisioned (or first seen so)
         self.started_here: set[str] = set()  # workers this controller's backends started
+        self.in_flight: dict[str, str] = {}  # worker -> pool: provisioned here, not projected yet
         self.exited: set[str] = set()  # workers whose process exited, not yet declared lost
         self.dirty = asyncio.Event()
         self.decisions: dict[str, str] = {}
@@ -65,7 +74,7 @@ class PoolControllerService(Service):
         for pool in self.pools.values():
             if pool.backend not in self.backends:
                 self.backends[pool.backend] = make_backend(pool.backend, self.settings.home_path,
-                                                           self.settings.nats_issuer)
+                                                           self.settings.nats_issuer, lambda: self.bus)
 
     async def apply(self, p: Projection, batch: list[Delivery]) -> None:
         await super().apply(p, batch)
@@ -127,6 +136,9 @@ class PoolControllerService(Service):
                                            workspace=SYSTEM_WORKSPACE), last_seq)
             log.warning("worker %s lost: %s", worker_id, why)
             self.exited.discard(worker_id)
+            if worker_id in self.started_here:  # still running (a cut link): its containers run elsewhere now
+                for backend in self.backends.values():
+                    backend.stop_worker(worker_id)
         except ConcurrencyConflict:
             self.dirty.set()
 
@@ -136,16 +148,16 @@ class PoolControllerService(Service):
         rows = await self.pool.fetch(
             "SELECT worker_id, status, backend, cpu_used, memory_used FROM pool_controller.workers WHERE pool=$1",
             pool.name)
-        backlog = await self.pool.fetchval(
-            "SELECT count(*) FROM pool_controller.containers WHERE status = 'pending' AND pool = $1", pool.name)
+        backlog = await self.pool.fetchval(BACKLOG, pool.name, pool.cluster)
         now = time.time()
         loads = [WorkerLoad(r["worker_id"], r["status"], r["cpu_used"] > 0 or r["memory_used"] > 0) for r in rows]
         since = self.idle[pool.name] = idle_since(self.idle.get(pool.name, {}), loads, now)
         workers = [PoolWorker(w.worker_id, w.status, r["backend"] == pool.backend and w.worker_id in self.started_here,
                               w.busy, idle_for(since, w.worker_id, now)) for w, r in zip(loads, rows, strict=True)]
         self.forget({w.worker_id for w in loads if w.status in TERMINAL})
-        delta = pool_delta(pool, workers, backlog)
-        self.decisions[pool.name] = delta.reason
+        self.in_flight = {wid: p for wid, p in self.in_flight.items() if wid not in {w.worker_id for w in loads}}
+        delta = pool_delta(pool, with_unprojected(workers, self.in_flight, pool.name), backlog)
+        self.decisions[pool.name] = delta.reason + self.backends[pool.backend].note(pool)
         for _ in range(delta.start):
             await self.provision(pool)
         for wid in delta.stop:
@@ -163,9 +175,10 @@ class PoolControllerService(Service):
         worker_id = f"{pool.name}-{uuid7()[-12:]}"
         token = mint(name=f"worker {worker_id}", scope=f"worker:{worker_id}")
         await self.bus.publish(envelope(token.event, workspace="default"))
-        await self.bus.publish(envelope(E.WorkerProvisioned(worker_id=worker_id, pool=pool.name,
-                                                            backend=pool.backend), workspace=SYSTEM_WORKSPACE))
+        await self.bus.publish(envelope(E.WorkerProvisioned(worker_id=worker_id, pool=pool.name, backend=pool.backend,
+                                                            cluster=pool.cluster), workspace=SYSTEM_WORKSPACE))
         self.provisioned_at[worker_id] = time.time()
+        self.in_flight[worker_id] = pool.name  # until the projection shows it
         self.started_here.add(worker_id)
         self.backends[pool.backend].start_worker(pool, worker_id, token.secret)
         log.info("pool %s: started worker %s (%s)", pool.name, worker_id, self.decisions.get(pool.name, ""))

@@ -18,7 +18,17 @@ from typing import Iterable, Sequence
 from levers9.contracts import InvalidName, Message, subjects
 from levers9.runtime.consumer import Delivery
 
-from .state import Container, ContainerKey, State, Worker, fold_container, fold_worker, more_room
+from .state import (
+    Clusters,
+    Container,
+    ContainerKey,
+    State,
+    Worker,
+    fold_cluster,
+    fold_container,
+    fold_worker,
+    more_room,
+)
 
 
 @dataclass
@@ -36,6 +46,7 @@ class Memory:
         self.workers: dict[str, Worker] = dict(state.workers)
         self.containers: dict[ContainerKey, Container] = dict(state.containers)
         self.room = state.room
+        self.clusters: Clusters = dict(state.clusters)  # attached clusters: who may use their workers
         self.seen: dict[str, int] = dict(seen or {})  # consumer (projection name) -> last sequence folded
         self.waiting: dict[ContainerKey, int] = {}  # the backlog: key -> its order
         # how often each worker changed by an event we did not append ourselves: a decision made on
@@ -51,7 +62,7 @@ class Memory:
             self._index(c)
 
     def state(self) -> State:
-        return State(dict(self.workers), dict(self.containers), self.room)
+        return State(dict(self.workers), dict(self.containers), self.room, dict(self.clusters))
 
     # ---- folding -------------------------------------------------------------------------------
 
@@ -84,6 +95,11 @@ class Memory:
             self.containers[key] = after
             touched.containers.add(key)
             touched.waiting |= self._index(after)
+            return True
+        if ev.AGGREGATE == "cluster":  # a share may let what was deferred run there now
+            self.clusters = fold_cluster(self.clusters, msg.envelope.workspace, ev)
+            self.room += 1
+            touched.room = True
             return True
         return False
 

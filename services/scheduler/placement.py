@@ -10,13 +10,19 @@ The order of the steps is the policy:
 4. rank best-fit: the fullest worker that still fits wins, so idle workers drain to zero and can be
    scaled down; ties go to the lowest worker id, so two schedulers agree.
 When nothing fits, the reason names the step that emptied the list.
+
+Before all of these (plan.py): a worker of an attached cluster is seen only by the work of the
+workspaces its cluster admits, its owner and those it was shared with (`admitted`); every other
+worker takes anyone's work.
 """
 
 from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass, field, replace
-from typing import Sequence
+from typing import Mapping, Sequence
+
+Access = Mapping[str, frozenset[str]]  # attached cluster -> the workspaces whose work may run there
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +41,7 @@ class WorkerState:
     cordoned: bool = False
     last_seq: int = 0
     restorable: frozenset[str] = frozenset()  # shared checkpoints it announced it can restore
+    cluster: str = ""  # the attached cluster it runs on (WorkerProvisioned, never the worker's own word)
 
     @property
     def cpu_free(self) -> int:
@@ -67,6 +74,25 @@ class Placement:
     worker_id: str | None
     reason: str = ""
     candidates: tuple[str, ...] = field(default=())  # the best ranked: the winner, then the runner-up
+
+
+def admitted(workspace: str, w: WorkerState, access: Access) -> bool:
+    """May `workspace`'s work run on `w`? A cluster's worker: only its cluster's workspaces (an unknown
+    or detached cluster admits nobody); any other worker: anyone."""
+    return not w.cluster or workspace in access.get(w.cluster, frozenset())
+
+
+def admitted_workers(workspace: str, workers: Sequence[WorkerState], access: Access) -> list[WorkerState]:
+    return [w for w in workers if admitted(workspace, w, access)]
+
+
+def not_admitted(workspace: str, pool: str, workers: Sequence[WorkerState], access: Access) -> str:
+    """Why nothing of `pool` took the work when some of its workers are clusters `workspace` may not use."""
+    names = sorted({w.cluster for w in workers if w.pool == pool and not admitted(workspace, w, access)})
+    if not names:
+        return ""
+    return (f"cluster {', '.join(names)} (pool {pool!r}) is not shared with workspace {workspace!r}: its owner "
+            f"can share it with `levers9 clusters share NAME --workspace {workspace}`")
 
 
 def eligible(req: Request, w: WorkerState) -> bool:

@@ -35,7 +35,7 @@ from levers9.runtime.tasks import spawn
 from .memory import Memory
 from .placement import WorkerState, gpus_taken
 from .plan import Defer, Hold, Place, Step, plan
-from .state import Container, ContainerKey, Slot, takes_work
+from .state import Container, ContainerKey, Slot, access_of, takes_work
 
 log = logging.getLogger("levers9.scheduler")
 
@@ -166,7 +166,8 @@ class Placer:
                    if takes_work(w.state) and wid not in self.stale_workers.known}
         held = frozenset(self.memory.workers[wid].state.pool for wid in self.stale_workers.known
                          if wid in self.memory.workers)
-        for step in plan(workers, candidates, held, self.memory.holders, self.catalogues):
+        for step in plan(workers, candidates, held, self.memory.holders, self.catalogues,
+                         access_of(self.memory.clusters)):
             self._dispatch(step)
 
     def _candidates(self) -> list[Container]:

@@ -25,7 +25,7 @@ from levers9.contracts.catalogue import Catalogue
 from levers9.contracts.events import ContainerRequested
 
 from .decision import Decision, decide
-from .placement import WorkerState, has_room, reserve
+from .placement import Access, WorkerState, admitted_workers, has_room, not_admitted, reserve
 from .state import Container
 
 
@@ -73,10 +73,13 @@ class View:
 def plan(workers: Mapping[str, WorkerState], backlog: Iterable[Container],
          held_pools: frozenset[str] = frozenset(),
          holders: Mapping[str, Collection[str]] | None = None,
-         catalogues: Mapping[str, Catalogue] | None = None) -> list[Step]:
+         catalogues: Mapping[str, Catalogue] | None = None, access: Access | None = None) -> list[Step]:
     """The steps for `backlog` (in order) on `workers` (those being refreshed left out: their pools
-    are `held_pools`); `holders`: the workers that hold a slot for a container, by container id."""
+    are `held_pools`); `holders`: the workers that hold a slot for a container, by container id;
+    `access`: which workspaces each attached cluster admits (its workers are seen by those alone)."""
     view = View(workers)
+    access = access or {}
+    clustered = any(w.cluster for w in view.states)  # else every worker takes anyone's work: no filter
     holders = holders or {}
     steps: list[Step] = []
     last: Decision | None = None  # the last placement, and the request it was for
@@ -88,25 +91,35 @@ def plan(workers: Mapping[str, WorkerState], backlog: Iterable[Container],
         held_by = holders.get(c.container_id, ())
         if held_by:
             request = msgspec.structs.replace(request, excluded_workers=sorted({*request.excluded_workers, *held_by}))
-        shape = _shape(request)
+        shape = (_shape(request), c.workspace if clustered else "")
+        states = admitted_workers(c.workspace, view.states, access) if clustered else view.states
         if last is not None and shape == last_shape and has_room(view.get(last.worker_id or ""), last.request):
             # the same request as the one just placed, and its worker still has room: that worker
             # is still the best (it only got fuller, nothing else changed), so decide() would say so
             d = replace(last, request=replace(last.request, container_id=c.container_id))
         else:
-            d = decide(request, view.states, catalogues)
+            d = decide(request, states, catalogues)
         if d.worker_id is not None:
             view.take(d)
             steps.append(Place(c, d))
             last, last_shape = d, shape
             continue
         if held_by:  # the reason as if no slot were held: it names capacity, not a race
-            d = decide(original, view.states)
+            d = decide(original, states)
         if d.worker_id is not None or (request.pool or "default") in held_pools:
             steps.append(Hold(c))  # it fits only where a placement of it is in flight, or on fresher state
         else:
-            steps.append(Defer(c, d.reason, append=c.status == "requested" or c.reason != d.reason))
+            reason = _why_deferred(d.reason, c.workspace, request.pool or "default", states, view.states, access)
+            steps.append(Defer(c, reason, append=c.status == "requested" or c.reason != reason))
     return steps
+
+
+def _why_deferred(reason: str, workspace: str, pool: str, admitted: list[WorkerState], every: list[WorkerState],
+                  access: Access) -> str:
+    """The reason, or that the pool's only workers are a cluster this workspace may not use."""
+    if admitted is every or any(w.pool == pool for w in admitted):
+        return reason
+    return not_admitted(workspace, pool, every, access) or reason
 
 
 def _shape(ev: ContainerRequested) -> tuple:

@@ -18,7 +18,7 @@ from levers9.contracts import events as E
 from levers9.contracts.spec import CheckpointRef, Resources
 
 from .placement import WorkerState
-from .state import Container, ContainerKey, Slot, State, Worker, new_worker
+from .state import Clusters, Container, ContainerKey, Slot, State, Worker, new_worker
 
 log = logging.getLogger("levers9.scheduler")
 
@@ -37,7 +37,8 @@ async def load(pool: asyncpg.Pool, schema: str) -> tuple[State, dict[str, int]]:
         worker_rows = await conn.fetch(f"SELECT * FROM {schema}.workers")
         slot_rows = await conn.fetch(f"SELECT * FROM {schema}.worker_slots")
         container_rows = await conn.fetch(CONTAINERS.format(schema=schema))
-    workers = {r["worker_id"]: Worker(worker_state(r), {}) for r in worker_rows}
+        clusters, on_cluster = await load_clusters(conn, schema)
+    workers = {r["worker_id"]: Worker(worker_state(r, on_cluster), {}) for r in worker_rows}
     for r in slot_rows:
         w = workers.get(r["worker_id"]) or new_worker(r["worker_id"])
         slot = Slot(r["container_id"], r["workspace"], r["cpu_millicores"], r["memory_mib"], r["gpu_count"],
@@ -47,15 +48,31 @@ async def load(pool: asyncpg.Pool, schema: str) -> tuple[State, dict[str, int]]:
     for i, r in enumerate(container_rows):  # older than anything to come: orders below every sequence
         c = container(r, order=i - len(container_rows))
         containers[c.key] = c
-    return State(workers, containers), positions
+    return State(workers, containers, clusters=clusters), positions
 
 
-def worker_state(row: Mapping[str, Any]) -> WorkerState:
+async def load_clusters(conn: asyncpg.Connection, schema: str) -> tuple[Clusters, dict[str, str]]:
+    """Attached clusters (owner, workspaces admitted) and which cluster each worker runs on."""
+    clusters: dict[str, tuple[str, frozenset[str]]] = {}
+    for r in await conn.fetch(f"SELECT name, workspace, detached FROM {schema}.clusters"):
+        clusters[r["name"]] = (r["workspace"], frozenset() if r["detached"] else frozenset({r["workspace"]}))
+    for r in await conn.fetch(f"SELECT name, workspace FROM {schema}.cluster_shares"):
+        owner, admitted = clusters.get(r["name"], ("", frozenset()))
+        if admitted:
+            clusters[r["name"]] = (owner, admitted | {r["workspace"]})
+    on_cluster = {r["worker_id"]: r["cluster"] for r in await conn.fetch(f"SELECT * FROM {schema}.cluster_workers")}
+    return clusters, on_cluster
+
+
+def worker_state(row: Mapping[str, Any], on_cluster: Mapping[str, str] | None = None) -> WorkerState:
+    """A worker as its row says; a cluster's worker the clusters view has not seen yet admits nobody
+    ("?") until it has: never anyone's work by default."""
+    cluster = (on_cluster or {}).get(row["worker_id"], "") or ("?" if row.get("backend") == "cluster" else "")
     return WorkerState(worker_id=row["worker_id"], pool=row["pool"], status=row["status"],
                        cpu_millicores=row["cpu_millicores"], memory_mib=row["memory_mib"], gpu_type=row["gpu_type"],
                        gpu_count=row["gpu_count"], cpu_used=row["cpu_used"], memory_used=row["memory_used"],
                        gpu_used=row["gpu_used"], features=frozenset(row["features"]), cordoned=row["cordoned"],
-                       last_seq=row["last_seq"])
+                       last_seq=row["last_seq"], cluster=cluster)
 
 
 def container(row: Mapping[str, Any], order: int) -> Container:

@@ -26,6 +26,7 @@ from levers9.runtime.consumer import Delivery, WorkConsumer
 from levers9.runtime.projection import Projection
 from levers9.runtime.service import Service
 from levers9.runtime.views import ContainersView, WorkersView
+from levers9.runtime.views_clusters import ClustersView
 
 from . import catalogues
 from .memory import Memory, Touched
@@ -52,7 +53,7 @@ ABANDONED_S = 10.0  # a waiting container that holds a slot this long lost its p
 
 class SchedulerService(Service):
     name = "scheduler"
-    projections = (ContainersView(), WorkersView())
+    projections = (ContainersView(), WorkersView(), ClustersView())  # clusters: who may use their workers
 
     def __init__(self, settings: Settings) -> None:
         # a backlog arrives in bursts: bigger batches are fewer pulls and projection transactions

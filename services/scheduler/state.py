@@ -25,15 +25,17 @@ import msgspec
 
 from levers9.contracts import Message
 from levers9.contracts import events as E
-from levers9.runtime.views import CONTAINER_STATUS, WORKER_STATUS
+from levers9.contracts.events_clusters import ClusterAttached, ClusterDetached, ClusterShared
+from levers9.runtime.views import CONTAINER_STATUS, WORKER_STATUS, foreign_report
 
-from .placement import WorkerState
+from .placement import Access, WorkerState
 
 TERMINAL = frozenset({"stopped", "failed"})
 WAITING = frozenset({"requested", "pending"})
 ON_WORKER = frozenset({"scheduled", "starting", "ready"})
 
 ContainerKey = tuple[str, str]  # (workspace, container_id)
+Clusters = Mapping[str, tuple[str, frozenset[str]]]  # attached cluster -> (its owner, workspaces it admits)
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +89,7 @@ class State:
     workers: Mapping[str, Worker] = field(default_factory=dict)
     containers: Mapping[ContainerKey, Container] = field(default_factory=dict)
     room: int = 0  # moves whenever capacity may have appeared: what was deferred may fit now
+    clusters: Clusters = field(default_factory=dict)  # attached cluster -> (owner, workspaces it admits)
 
 
 def new_worker(worker_id: str) -> Worker:
@@ -99,6 +102,9 @@ def new_worker(worker_id: str) -> Worker:
 def fold_worker(worker: Worker | None, ev: E.Event, seq: int) -> Worker:
     """A worker after one of its events."""
     if worker is not None and seq <= worker.last_seq:
+        if isinstance(ev, E.WorkerProvisioned) and ev.cluster and worker.state.cluster != ev.cluster:
+            # told late, by the clusters consumer (its WorkerProvisioned came after the workers consumer's)
+            return Worker(replace(worker.state, cluster=ev.cluster), worker.slots)
         return worker  # applied already
     base = worker if worker is not None else new_worker(ev.aggregate_id)
     state = replace(base.state, last_seq=seq)
@@ -129,12 +135,33 @@ def _worker_status(state: WorkerState, ev: E.Event) -> WorkerState:
     if status is None:
         return state
     state = replace(state, status=status)
-    if isinstance(ev, E.WorkerRegistered):
-        state = replace(state, pool=ev.pool, cpu_millicores=ev.cpu_millicores, memory_mib=ev.memory_mib,
-                        gpu_type=ev.gpu_type, gpu_count=ev.gpu_count, features=frozenset(ev.features))
+    if isinstance(ev, E.WorkerRegistered):  # a cluster's worker stays in the pool it was provisioned for
+        state = replace(state, pool=state.pool if state.cluster else ev.pool, cpu_millicores=ev.cpu_millicores,
+                        memory_mib=ev.memory_mib, gpu_type=ev.gpu_type, gpu_count=ev.gpu_count, features=frozenset(ev.features))
     elif isinstance(ev, E.WorkerProvisioned):
-        state = replace(state, pool=ev.pool)
+        state = replace(state, pool=ev.pool, cluster=ev.cluster)
     return state
+
+
+def fold_cluster(clusters: Clusters, owner: str, ev: E.Event) -> Clusters:
+    """The attached clusters after one cluster event of workspace `owner`: attaching admits the owner
+    alone; sharing adds a workspace; detaching admits nobody. Only the cluster's owner shares or
+    detaches it, and another workspace cannot take over its name (the gateway refuses both too)."""
+    name = getattr(ev, "name", "")
+    held = clusters.get(name)
+    if held is not None and held[0] != owner:
+        return clusters
+    if isinstance(ev, ClusterAttached):
+        return {**clusters, name: (owner, frozenset({owner}))}
+    if isinstance(ev, ClusterShared) and held is not None and held[1]:
+        return {**clusters, name: (owner, held[1] | {ev.workspace})}
+    if isinstance(ev, ClusterDetached) and held is not None:
+        return {**clusters, name: (owner, frozenset())}
+    return clusters
+
+
+def access_of(clusters: Clusters) -> Access:
+    return {name: admitted for name, (_, admitted) in clusters.items()}
 
 
 def takes_work(w: WorkerState) -> bool:
@@ -170,7 +197,7 @@ def fold_container(c: Container | None, msg: Message, seq: int) -> Container | N
         if not status:
             return None
         c = Container(env.workspace, ev.aggregate_id, status, seq, seq, correlation_id=env.correlation_id)
-    if not status:
+    if not status or foreign_report(c.worker_id, ev):
         return replace(c, last_seq=seq)
     return replace(c, status=status, last_seq=seq, worker_id=getattr(ev, "worker_id", "") or c.worker_id,
                    reason=getattr(ev, "reason", "") or c.reason)
@@ -188,6 +215,8 @@ def fold(state: State, msg: Message, seq: int) -> State:
         if new is old:
             return state
         return replace(state, workers={**state.workers, wid: new}, room=state.room + more_room(old, new))
+    if ev.AGGREGATE == "cluster":  # who may use a cluster changed: what was deferred may fit now
+        return replace(state, clusters=fold_cluster(state.clusters, msg.envelope.workspace, ev), room=state.room + 1)
     if ev.AGGREGATE == "container":
         key = (msg.envelope.workspace, ev.aggregate_id)
         before = state.containers.get(key)

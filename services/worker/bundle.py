@@ -18,7 +18,7 @@ from typing import Any
 
 from levers9.executor import wire
 
-from . import seccomp
+from . import cdi, seccomp
 from .container import ContainerSpec
 
 LOG_DIR = "/var/log/levers9"
@@ -65,7 +65,7 @@ def container_env(spec: ContainerSpec) -> list[str]:
     """spec.env plus PATH, HOME and PYTHONPATH (the SDK first), and where the runner listens
     (LEVERS9_RUNNER_HOST/PORT unless spec.env says)."""
     env = {"LEVERS9_RUNNER_HOST": "0.0.0.0", "LEVERS9_RUNNER_PORT": str(spec.port), **spec.env,
-           "PATH": PATH, "HOME": "/root"}
+           **(spec.gpu.env if spec.gpu else {}), "PATH": PATH, "HOME": "/root"}
     sdk = "/opt/levers9" + (f":{VENDOR_DIR}" if spec.vendor_dir else "")
     env["PYTHONPATH"] = sdk + (f":{spec.env['PYTHONPATH']}" if spec.env.get("PYTHONPATH") else "")
     return [f"{k}={v}" for k, v in env.items()]
@@ -157,6 +157,11 @@ def bundle_spec(spec: ContainerSpec, rootfs_path: Path, netns_path: Path, *,
     }
     if criu_config is not None:
         config["annotations"] = {"org.criu.config": str(criu_config)}
+    if spec.gpu is not None and spec.gpu.cdi_spec is not None:  # runc reads no CDI: its edits applied here
+        config = cdi.apply_cdi(config, spec.gpu.cdi_spec, spec.gpu.cdi_devices)
+        # nvidia-ctk's spec sets NVIDIA_VISIBLE_DEVICES=void (for the legacy hook runc does not run):
+        # the app and levers9.distributed read their cards from it, so ours stays
+        config["process"]["env"] = cdi.merge_env(config["process"]["env"], [f"{k}={v}" for k, v in spec.gpu.env.items()])
     return config
 
 
@@ -169,7 +174,7 @@ def upper_files(spec: ContainerSpec, ip: str) -> dict[str, str]:
     no network (containers have no DNS; a host resolver copied by debootstrap would make every
     lookup, e.g. http.server's getfqdn, hang for seconds)."""
     return {
-        LOG_FILE: "",
+        LOG_FILE: f"{spec.gpu.note}\n" if spec.gpu and spec.gpu.note else "",  # how it got its GPUs
         "/etc/hosts": hosts_file(ip, spec.container_id[:63]),
         "/etc/resolv.conf": "# levers9: no DNS; containers reach only their bridge subnet\n",
         "/etc/hostname": f"{spec.container_id[:63]}\n",

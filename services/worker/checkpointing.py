@@ -8,6 +8,7 @@ claim that makes it one dump per deployment version, the events that say what ha
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import logging
 import shutil
@@ -27,9 +28,11 @@ from levers9.runtime.tasks import spawn
 
 from .checkpoint import CheckpointArtifact, RestoreError
 from .container import ContainerSpec, Runtime, Started
+from .gpu_checkpoint import cuda_suspended
 from .node_cache import NodeCache
 from .placement import Running
 from .sandboxes import is_function
+from .secret_source import KeyUnavailable, checkpoint_key, holds_keyring
 
 if TYPE_CHECKING:
     from .service import WorkerService
@@ -57,8 +60,10 @@ async def enable_criu(runtime: Runtime, settings: Settings) -> str:
     return f"on: CRIU {info.version} ({info.binary})"
 
 
-async def dump(runtime: Runtime, container_id: str, cache: NodeCache, memory_mib: int) -> CheckpointArtifact:
-    """Dump leave-running into a tar, then move it into the node cache under its sha256."""
+async def dump(runtime: Runtime, container_id: str, cache: NodeCache, memory_mib: int,
+               cuda: bool = False) -> CheckpointArtifact:
+    """Dump leave-running into a tar, then move it into the node cache under its sha256. `cuda`: a GPU
+    container's CUDA processes are toggled out of the GPU around the dump (levers9.worker.gpu_checkpoint)."""
     usage = runtime.memory_usage(container_id)
     if usage is not None and usage > memory_mib * 1024 * 1024:
         raise CheckpointSkipped(f"the container uses {usage >> 20} MiB, more than its limit of {memory_mib} MiB")
@@ -67,7 +72,8 @@ async def dump(runtime: Runtime, container_id: str, cache: NodeCache, memory_mib
                                 f"({cache.max_bytes >> 20} MiB)")
     tmp = cache.root / f".dump-{container_id}.tar"
     try:
-        artifact = await runtime.checkpoint(container_id, tmp)
+        async with cuda_suspended(container_id, cuda):  # before runc pauses it: a frozen process cannot toggle
+            artifact = await runtime.checkpoint(container_id, tmp)
         cache.make_room(artifact.size_bytes)
         await asyncio.to_thread(shutil.move, tmp, cache.root / artifact.sha256)
     finally:
@@ -75,12 +81,16 @@ async def dump(runtime: Runtime, container_id: str, cache: NodeCache, memory_mib
     return artifact
 
 
-async def restore(runtime: Runtime, cspec: ContainerSpec, ref: CheckpointRef, cache_url: str) -> Started:
+async def restore(runtime: Runtime, cspec: ContainerSpec, ref: CheckpointRef, cache_url: str,
+                  data_key: bytes | None = None) -> Started:
     """Restore `ref` through the node cache. The gateway chose it among the `available` (stored)
-    checkpoints of this deployment version, so its status is not checked again here."""
+    checkpoints of this deployment version, so its status is not checked again here. `data_key`: the
+    sealed archive's own key, for a worker without the keyring."""
+    headers = {"X-Levers9-Data-Key": base64.b64encode(data_key).decode()} if data_key else {}
     async with httpx.AsyncClient(timeout=300) as client:
-        r = await client.get(f"{cache_url}/blobs/{ref.sha256}",
-                             params={"bucket": ref.bucket, "key": ref.key, "fill": "true", "sealed": "true"})
+        r = await client.get(f"{cache_url}/blobs/{ref.sha256}", headers=headers,
+                             params={"bucket": ref.bucket, "key": ref.key, "fill": "true", "sealed": "true",
+                                     "peer": peer_of(ref.location, cache_url)})
     if r.status_code != 200:
         raise RestoreError(f"the node cache could not get the checkpoint: {_detail(r)}")
     path = Path(r.json()["path"])
@@ -88,6 +98,12 @@ async def restore(runtime: Runtime, cspec: ContainerSpec, ref: CheckpointRef, ca
     # tar again here would cost ~0.3 s per 400 MB on every restore. The manifest and layout are
     # still checked by the runtime's unpack.
     return await runtime.restore(cspec, path)
+
+
+def peer_of(location: str, cache_url: str) -> str:
+    """The node cache that dumped a checkpoint (its `location`, another node's), to fill from before S3."""
+    base = location.split("/blobs/", 1)[0] if location.startswith("http") and "/blobs/" in location else ""
+    return "" if base.rstrip("/") == cache_url.rstrip("/") else base
 
 
 def _detail(r: httpx.Response) -> str:
@@ -125,7 +141,7 @@ class Checkpoints:
     def after_ready(self, c: Running) -> None:
         """A container just became ready: dump it when the policy says so (in the background)."""
         choice = dump_choice(c.spec, criu_ready=self.worker.runtime.checkpoint_ready, restored=bool(c.restored_from))
-        if choice.dump:
+        if choice.dump and not self.worker.gpus.checkpoint_refusal(c.spec):  # said in its ContainerStarted note
             spawn(self.checkpoint(c), name=f"checkpoint {c.container_id}", logger=log)
 
     def requested(self, c: Running) -> None:
@@ -137,8 +153,14 @@ class Checkpoints:
         checkpoint is marked restore_failed and the container starts cold (the caller does that)."""
         ck = ref.checkpoint_id
         w = self.worker
+        data_key = None
+        if not holds_keyring(w.settings) and not (w.cache.root / ref.sha256).is_file():  # a hit needs no key
+            try:
+                data_key = await checkpoint_key(w.settings, c, ck)
+            except KeyUnavailable as exc:  # not the checkpoint's fault: it is not marked failed
+                return None, f"cold: {ck} is sealed and this worker holds no keyring: {exc}"[:500]
         try:
-            started = await restore(w.runtime, cspec, ref, w.cache_url)
+            started = await restore(w.runtime, cspec, ref, w.cache_url, data_key)
             return started, f"restored from {ck}"
         except Exception as exc:  # noqa: BLE001 - a failed restore is never fatal: cold start instead
             reason = f"{type(exc).__name__}: {exc}"
@@ -165,7 +187,8 @@ class Checkpoints:
         quiet = w.sandboxes.relay.quiet(c.container_id) if is_function(c.spec) else contextlib.nullcontext()
         try:
             async with quiet:
-                dumped = await dump(w.runtime, c.container_id, w.cache, c.memory_mib)
+                dumped = await dump(w.runtime, c.container_id, w.cache, c.memory_mib,
+                                    cuda=bool(c.spec and c.spec.resources.gpus))
         except Exception as exc:  # noqa: BLE001 - whatever failed, it is recorded as CheckpointFailed with its reason
             log.warning("checkpoint of %s skipped: %s", c.container_id, exc)
             await w.emit(c, E.CheckpointFailed(checkpoint_id=claim, stage="dump", reason=str(exc)[:1000],
@@ -173,7 +196,8 @@ class Checkpoints:
             return
         await w.emit(c, E.CheckpointDumped(
             checkpoint_id=claim, deployment_id=c.deployment_id, deployment_version=c.deployment_version,
-            container_id=c.container_id, worker_id=w.worker_id, accelerator="", runtime=w.runtime.name,
+            container_id=c.container_id, worker_id=w.worker_id, runtime=w.runtime.name,
+            accelerator=w.gpus.inventory.gpu_type if c.spec and c.spec.resources.gpus else "",  # restored on the same
             size_bytes=dumped.size_bytes, sha256=dumped.sha256, location=f"{w.cache_url}/blobs/{dumped.sha256}",
             image_id=dumped.manifest.get("image_id", "")))
         log.info("checkpoint %s of %s: %d bytes in %.2f s", claim, c.container_id, dumped.size_bytes, dumped.seconds)
@@ -204,6 +228,9 @@ class Checkpoints:
 
     async def _choice(self, c: Running, manual: bool, dep: asyncpg.Record) -> DumpChoice:
         w = self.worker
+        gpu_refusal = w.gpus.checkpoint_refusal(c.spec)  # no driver 570+, cuda-checkpoint or CUDA plugin here
+        if gpu_refusal:
+            return DumpChoice(False, gpu_refusal)
         has_one = claimed = False
         if not manual:
             has_one = bool(await w.pool.fetchval(

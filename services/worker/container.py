@@ -22,6 +22,7 @@ from levers9.runtime.config import Settings
 
 if TYPE_CHECKING:
     from levers9.worker.checkpoint import CheckpointArtifact
+    from levers9.worker.gpus import GpuGrant
 
 DEFAULT_COMMAND = ("python3", "-m", "levers9.runner")
 CONTAINER_ID = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
@@ -47,6 +48,7 @@ class ContainerSpec:
     workspace: str = ""  # whose container it is, and of which deployment: its peer group (firewall)
     deployment_id: str = ""
     binds: tuple[Bind, ...] = ()  # volumes and buckets (levers9.worker.volumes): host dir -> container path
+    gpu: GpuGrant | None = None  # its cards (levers9.worker.gpus): NVIDIA_VISIBLE_DEVICES and CDI edits
 
     def __post_init__(self) -> None:
         if not CONTAINER_ID.match(self.container_id):

@@ -122,7 +122,7 @@ async def ensure_criu(cache_dir: Path, progress: Progress = lambda s: None) -> C
 async def _probe(binary: Path) -> tuple[CriuInfo | None, str]:
     """(info, "") when `binary` is CRIU >= 4.2, `check` passes and it can dump a process with a
     listening TCP socket; (None, why) otherwise."""
-    rc, out = await _run(str(binary), "--version")
+    rc, out = await run_bounded(str(binary), "--version")
     version = parse_version(out)
     if rc != 0 or version is None:
         return None, f"{binary} --version failed: {_tail(out)}"
@@ -130,7 +130,7 @@ async def _probe(binary: Path) -> tuple[CriuInfo | None, str]:
     if version < MIN_VERSION:
         return None, (f"{binary} is CRIU {shown}, older than "
                       f"{'.'.join(map(str, MIN_VERSION))} (it cannot dump TCP sockets on newer kernels)")
-    rc, out = await _run(str(binary), "check")
+    rc, out = await run_bounded(str(binary), "check")
     if rc != 0 or not check_passed(out):
         return None, f"`{binary} check` did not pass: {_tail(out)}"
     why = await asyncio.to_thread(probe_dump, binary)
@@ -186,7 +186,8 @@ def _read(path: Path) -> str:
         return ""
 
 
-async def _run(*cmd: str, timeout: float = 60) -> tuple[int, str]:
+async def run_bounded(*cmd: str, timeout: float = 60) -> tuple[int, str]:
+    """(exit code, stdout+stderr) of a command that may not run longer than `timeout` (124 then)."""
     try:
         proc = await asyncio.create_subprocess_exec(*cmd, stdin=asyncio.subprocess.DEVNULL,
                                                     stdout=asyncio.subprocess.PIPE,

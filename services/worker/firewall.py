@@ -51,6 +51,27 @@ class Member:
     group: str = ""
 
 
+@dataclass(frozen=True)
+class Forward:
+    """A container published on the host's address (a worker running as a host: levers9.worker.hosts)."""
+    host_port: int
+    ip: str
+    port: int
+
+
+def _nat_rules(br: str, host_address: str, forwards: list[Forward]) -> list[str]:
+    """DNAT of host_address:host_port to each container: from outside the bridge (never from a
+    container: that would reach another container around the peer rules) and from the host itself."""
+    if not host_address or not forwards:
+        return []
+    addr = ipaddress.IPv4Address(host_address)
+    rules = [(f.host_port, ipaddress.IPv4Address(f.ip), int(f.port)) for f in sorted(forwards, key=lambda f: f.host_port)]
+    pre = [f"    iifname != {br} ip daddr {addr} tcp dport {hp} dnat ip to {ip}:{p}" for hp, ip, p in rules]
+    out = [f"    ip daddr {addr} tcp dport {hp} dnat ip to {ip}:{p}" for hp, ip, p in rules]
+    return ["  chain prerouting { type nat hook prerouting priority -100; policy accept;", *pre, "  }",
+            "  chain output { type nat hook output priority -100; policy accept;", *out, "  }"]
+
+
 def peer_group(policy: str, workspace: str, deployment_id: str) -> str:
     """The peer group of a container under `policy` ("" = it reaches no other container)."""
     if policy not in PEER_POLICIES:
@@ -125,17 +146,22 @@ def _egress_rules(br: str, egress: list, deny: list) -> list[str]:
     return rules
 
 
-def ruleset(bridge: str, members: Iterable[Member], egress: Iterable = (), deny: Iterable = ()) -> str:
-    """The nft script that makes the bridge's rules exactly these (idempotent, atomic)."""
+def ruleset(bridge: str, members: Iterable[Member], egress: Iterable = (), deny: Iterable = (),
+            forwards: Iterable[Forward] = (), host_address: str = "") -> str:
+    """The nft script that makes the bridge's rules exactly these (idempotent, atomic). With
+    `host_address` (a worker running as a host) the `forwards` publish containers there: connections
+    to them, and their answers, are the only traffic routed between the bridge and the outside."""
     br, table = _quoted(bridge), table_name(bridge)
     members = list(members)
+    nat = _nat_rules(br, host_address, list(forwards))
     groups: dict[str, list[str]] = {}
     for m in members:
         if m.group:
             groups.setdefault(m.group, []).append(m.host_veth)
     peer_sets = [f"  set {_set_name(g)} {{ type ifname;{_elements(v)} }}" for g, v in sorted(groups.items())]
     peer_rules = [f"    iifname @{_set_name(g)} oifname @{_set_name(g)} accept" for g in sorted(groups)]
-    forward = [f"iifname {br} oifname {br} accept",  # bridged (br_netfilter): the bridge table decides
+    forward = [*(["ct status dnat accept"] if nat else []),  # a published container's connections
+               f"iifname {br} oifname {br} accept",  # bridged (br_netfilter): the bridge table decides
                *_egress_rules(br, list(egress), list(deny)),
                f"iifname {br} drop",
                f"oifname {br} ct state established,related accept",
@@ -148,7 +174,7 @@ def ruleset(bridge: str, members: Iterable[Member], egress: Iterable = (), deny:
         "  }",
         "  chain forward { type filter hook forward priority -10; policy accept;",
         *(f"    {rule}" for rule in forward),
-        "  }", "}",
+        "  }", *nat, "}",
         f"table bridge {table}", f"delete table bridge {table}", f"table bridge {table} {{",
         f"  set ports {{ type ifname;{_elements(m.host_veth for m in members)} }}",
         *peer_sets,
@@ -190,15 +216,17 @@ async def apply(script: str) -> None:
 
 
 async def sync(bridge: str, members_of: Callable[[], list[Member]], egress: str = "", platform_urls: Iterable[str] = (),
-               lock_dir: Path = Path("/run/levers9/ipam")) -> None:
+               lock_dir: Path = Path("/run/levers9/ipam"), *, deny_nets: str = "",
+               forwards_of: Callable[[], list[Forward]] = list, host_address: str = "") -> None:
     """Render the bridge's rules from its current members and apply them; one writer at a time
-    across the machine's workers (a stale snapshot would only leave out a container: closed)."""
+    across the machine's workers (a stale snapshot would only leave out a container: closed).
+    `deny_nets` (CIDRs): never egress either (a host's underlay: the other hosts, the machine)."""
     nets = parse_egress(egress)
-    deny = platform_addresses(platform_urls)
+    deny = [*platform_addresses(platform_urls), *parse_egress(deny_nets)]
     lock_dir.mkdir(parents=True, exist_ok=True)
     with open(lock_dir / f".{bridge}.firewall.lock", "w") as lock:
         await asyncio.to_thread(fcntl.flock, lock, fcntl.LOCK_EX)
-        await apply(ruleset(bridge, members_of(), nets, deny))
+        await apply(ruleset(bridge, members_of(), nets, deny, forwards_of(), host_address))
 
 
 async def remove(bridge: str) -> None:

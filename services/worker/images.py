@@ -168,10 +168,13 @@ class ImageMounts:
         if held is None or not held.pid:
             return None
         server = self.servers.get(held.image_id)
-        rc = server.proc.returncode if server is not None and server.proc.pid == held.pid else None
+        proc = server.proc if server is not None and server.proc.pid == held.pid else None
+        rc = proc.returncode if proc is not None else None
         rc = self.exits.get(held.pid) if rc is None else rc
         if rc is not None:
             return f"image {held.image_id}: its FUSE server exited ({exit_words(rc)})"
+        if proc is not None:  # our own child: asyncio reaps it and then sets its exit status, which says more
+            return None
         if start_time(held.pid) != held.started or proc_state(held.pid) in ("Z", "X", None):
             return f"image {held.image_id}: its FUSE server (pid {held.pid}) is gone"
         return None

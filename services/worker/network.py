@@ -26,7 +26,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import firewall
+from . import firewall, hosts
 
 IPAM_ROOT = Path("/run/levers9/ipam")
 NETNS_DIR = Path("/run/netns")
@@ -89,6 +89,7 @@ class Claim:
     state_dir: str
     netns: str
     group: str = ""
+    port: int = 0  # the container's port (published on the host's address when the worker is a host)
 
 
 class Ipam:
@@ -111,13 +112,14 @@ class Ipam:
                 data = {}  # being written right now, or torn: still taken
             found.append(Claim(ip=path.name, container_id=data.get("container_id", ""),
                                pid=int(data.get("pid", 0)), state_dir=data.get("state_dir", ""),
-                               netns=data.get("netns", ""), group=data.get("group", "")))
+                               netns=data.get("netns", ""), group=data.get("group", ""),
+                               port=int(data.get("port", 0))))
         return found
 
-    def claim(self, container_id: str, state_dir: Path, netns: str, group: str = "") -> str:
+    def claim(self, container_id: str, state_dir: Path, netns: str, group: str = "", port: int = 0) -> str:
         self.dir.mkdir(parents=True, exist_ok=True)
-        body = json.dumps({"container_id": container_id, "pid": os.getpid(),
-                           "state_dir": str(state_dir), "netns": netns, "group": group}).encode()
+        body = json.dumps({"container_id": container_id, "pid": os.getpid(), "state_dir": str(state_dir),
+                           "netns": netns, "group": group, "port": port}).encode()
         tried: set[str] = set()
         reclaimed = False
         while True:
@@ -144,6 +146,11 @@ class Ipam:
         return [firewall.Member(firewall.host_veth_of(c.netns), c.group) for c in self.claims()
                 if firewall.host_veth_of(c.netns)]
 
+    def forwards(self, base: int) -> list[firewall.Forward]:
+        """The published ports of the claimed containers (a worker running as a host: levers9.worker.hosts)."""
+        return [firewall.Forward(hosts.published_port(self.subnet, c.ip, base), c.ip, c.port)
+                for c in self.claims() if c.port and _in(c.ip, self.subnet)]
+
     def release(self, ip: str, container_id: str) -> None:
         """Remove the claim of `ip` if `container_id` still holds it."""
         for claim in self.claims():
@@ -167,6 +174,13 @@ class Ipam:
                 (self.dir / claim.ip).unlink(missing_ok=True)
                 dropped.append(claim.ip)
         return dropped
+
+
+def _in(ip: str, subnet: str) -> bool:
+    try:
+        return ipaddress.ip_address(ip) in ipaddress.ip_network(subnet)
+    except ValueError:
+        return False
 
 
 def _alive(pid: int) -> bool:

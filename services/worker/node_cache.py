@@ -5,7 +5,8 @@
   range of the object, an S3 Range request: a chunk of an image archive); a filled blob is stored
   only if its sha256 matches (a tampered or truncated object is refused with 502 and the reason).
   `&sealed=true` (checkpoints): the S3 object is a sealed archive (levers9.runtime.sealing), opened
-  here with the secrets keyring as it streams in; the sha256 is the plaintext's. An object without
+  here with the secrets keyring as it streams in (a worker without the keyring sends that archive's
+  own data key, from the gateway, as `X-Levers9-Data-Key`); the sha256 is the plaintext's. An object without
   the seal's magic (stored before sealing existed) is taken as plaintext, still hash-checked.
 - PUT /blobs/{sha256}: store a blob (its hash is checked).
 - GET /stats: size, count, hits, misses, evictions, bytes filled from S3 and peers.
@@ -17,6 +18,7 @@ serves it on `LEVERS9_CACHE_PORT` (default 2050), the others use that one.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import hashlib
 import logging
@@ -28,7 +30,7 @@ from pathlib import Path
 from typing import Any, AsyncIterator
 
 import httpx
-from fastapi import FastAPI, HTTPException, Request
+from fastapi import FastAPI, Header, HTTPException, Request
 from fastapi.responses import FileResponse
 
 from levers9.runtime.config import Settings
@@ -38,6 +40,7 @@ from levers9.runtime.storage import s3_client
 
 log = logging.getLogger("levers9.node_cache")
 SHA_RE = re.compile(r"^[0-9a-f]{64}$")
+PEER_CONNECT_S = 2.0
 SCAN_EVERY_S = 5.0  # the blob dir is listed at most this often while it is well under its bound
 
 
@@ -67,7 +70,8 @@ class HashMismatch(Exception):
 
 class NodeCache:
     def __init__(self, root: Path, settings: Settings, max_bytes: int) -> None:
-        self.root = root
+        # a worker running as a host has a cache of its own (`cache_dir`), not the machine's shared one
+        self.root = Path(settings.cache_dir) if settings.cache_dir else root
         self.settings = settings
         self.max_bytes = max_bytes
         self.root.mkdir(parents=True, exist_ok=True)
@@ -156,9 +160,10 @@ class NodeCache:
         return target
 
     async def get(self, sha: str, bucket: str = "", key: str = "", peer: str = "",
-                  offset: int = 0, length: int = 0, sealed: bool = False) -> Path:
+                  offset: int = 0, length: int = 0, sealed: bool = False, data_key: bytes | None = None) -> Path:
         """The blob's path, filled on a miss from the peer, then from S3 (`length` > 0: bytes
-        [offset, offset+length) of the object only)."""
+        [offset, offset+length) of the object only; `data_key`: a sealed object's own key, for a
+        worker without the keyring)."""
         target = self.path(sha)
         if target.exists():
             self.stats["hits"] += 1
@@ -183,7 +188,7 @@ class NodeCache:
                 try:
                     chunks = self._from_s3(bucket, key, offset, length)
                     if sealed:
-                        chunks = self._unsealed(chunks, bucket, key)
+                        chunks = self._unsealed(chunks, bucket, key, data_key)
                     path = await self.store(sha, chunks, length)
                     self.stats["fills_s3"] += 1
                     self.stats["bytes_filled"] += path.stat().st_size
@@ -196,14 +201,16 @@ class NodeCache:
             raise FileNotFoundError("; ".join(errors) or f"blob {sha} is not here and no source was given")
 
     async def _from_peer(self, peer: str, sha: str) -> AsyncIterator[bytes]:
-        async with httpx.AsyncClient(timeout=60) as client:
+        # a peer on a host that is cut off must not hold the fill up: S3 is tried next
+        async with httpx.AsyncClient(timeout=httpx.Timeout(60, connect=PEER_CONNECT_S)) as client:
             async with client.stream("GET", f"{peer.rstrip('/')}/blobs/{sha}") as r:
                 if r.status_code != 200:
                     raise RuntimeError(f"answered {r.status_code}")
                 async for chunk in r.aiter_bytes(1 << 20):
                     yield chunk
 
-    async def _unsealed(self, chunks: AsyncIterator[bytes], bucket: str, key: str) -> AsyncIterator[bytes]:
+    async def _unsealed(self, chunks: AsyncIterator[bytes], bucket: str, key: str,
+                        data_key: bytes | None = None) -> AsyncIterator[bytes]:
         """Open a sealed archive as it streams in (passing through an object stored before sealing)."""
         opener: ArchiveOpener | None = None
         first = True
@@ -211,7 +218,8 @@ class NodeCache:
             if first:
                 first = False
                 if is_sealed_archive(chunk):
-                    opener = ArchiveOpener(keyring(self.settings), checkpoint_context(bucket, key))
+                    ring = None if data_key is not None else keyring(self.settings)
+                    opener = ArchiveOpener(ring, checkpoint_context(bucket, key), data_key)
             yield opener.update(chunk) if opener else chunk
         if opener:
             yield opener.finish()
@@ -225,19 +233,44 @@ class NodeCache:
                 yield chunk
 
 
+class CacheTaken(RuntimeError):
+    """The node cache's port is held by something this worker must not share."""
+
+
+async def shared_cache_or_exit(cache_url: str, settings: Settings) -> None:
+    """Another worker serves this node's cache: share it when it fills from our S3; exit, saying
+    why, when it is another home's (a second `levers9 up` on the machine with the same cache_port
+    would have fetched code and checkpoints from the first one's S3): CacheTaken ends the worker."""
+    try:
+        async with httpx.AsyncClient(timeout=5) as client:
+            theirs = (await client.get(f"{cache_url}/stats")).json().get("s3_endpoint", "")
+    except (httpx.HTTPError, ValueError, AttributeError) as exc:
+        raise CacheTaken(f"node cache: port {cache_url} is taken by something that is not a levers9 node "
+                         f"cache ({exc}); set cache_port (LEVERS9_CACHE_PORT) to a free port") from None
+    if theirs and theirs != settings.s3_endpoint:
+        raise CacheTaken(f"node cache: {cache_url} belongs to another levers9 home (its S3 is {theirs}, ours "
+                         f"{settings.s3_endpoint}); give this home its own cache_port (LEVERS9_CACHE_PORT)")
+    log.info("node cache: %s is served by another worker of this node", cache_url)
+
+
 def cache_app(cache: NodeCache) -> FastAPI:
     app = FastAPI(title="levers9 node cache")
 
     @app.get("/blobs/{sha}")
     async def get_blob(sha: str, bucket: str = "", key: str = "", peer: str = "", fill: bool = False,
-                       offset: int = 0, length: int = 0, sealed: bool = False):
+                       offset: int = 0, length: int = 0, sealed: bool = False,
+                       x_levers9_data_key: str | None = Header(default=None)):
         """The blob; with fill=true only make sure it is here (a worker of this node then reads the
         file from the shared directory instead of over HTTP). offset/length: the blob is that byte
         range of the S3 object (an image archive's chunk)."""
         if offset < 0 or length < 0:
             raise HTTPException(400, "offset and length must not be negative")
         try:
-            path = await cache.get(sha, bucket, key, peer, offset, length, sealed)
+            data_key = base64.b64decode(x_levers9_data_key, validate=True) if x_levers9_data_key else None
+        except ValueError:
+            raise HTTPException(400, "X-Levers9-Data-Key is not base64") from None
+        try:
+            path = await cache.get(sha, bucket, key, peer, offset, length, sealed, data_key)
         except HashMismatch as exc:
             raise HTTPException(502, f"refused: {exc}") from None
         except FileNotFoundError as exc:
@@ -264,7 +297,7 @@ def cache_app(cache: NodeCache) -> FastAPI:
     async def stats():
         entries = cache.entries()
         return {"bytes": sum(e.size for e in entries), "blobs": len(entries), "max_bytes": cache.max_bytes,
-                **cache.stats}
+                "s3_endpoint": cache.settings.s3_endpoint, **cache.stats}
 
     @app.get("/healthz")
     async def healthz():

@@ -7,7 +7,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -15,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from levers9.runtime.config import Settings
+from levers9.runtime.ports import free_port
 
 from .container import ContainerError, ContainerSpec, Exit, Progress, Runtime, Started, exit_of, start_time
 
@@ -56,7 +56,7 @@ class ProcessRuntime(Runtime):
         if spec.container_id in self._procs:
             raise ContainerError(f"container {spec.container_id} exists already")
         await self.prepare()
-        port = _free_port()
+        port = free_port()
         command = list(spec.command)
         if command[0] in ("python3", "python"):
             command[0] = sys.executable
@@ -130,7 +130,7 @@ def process_env(spec: ContainerSpec, port: int) -> dict[str, str]:
     return {"PATH": os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin"),
             "HOME": os.environ.get("HOME", "/root"),
             "LEVERS9_RUNNER_APP_DIR": str(Path(spec.code_dir).resolve()),  # not /app here
-            **spec.env, **executor,
+            **spec.env, **executor, **(spec.gpu.env if spec.gpu else {}),  # its cards (levers9.worker.gpus)
             "PYTHONPATH": sdk + (":" + spec.env["PYTHONPATH"] if spec.env.get("PYTHONPATH") else ""),
             "LEVERS9_RUNNER_HOST": "127.0.0.1", "LEVERS9_RUNNER_PORT": str(port)}
 
@@ -143,12 +143,6 @@ def _spawn(command: list[str], spec: ContainerSpec, env: dict[str, str], log: Pa
                                     stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         except OSError as exc:
             raise ContainerError(f"cannot start {command[0]}: {exc}") from exc
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _killpg(pid: int, sig: int) -> None:

@@ -174,7 +174,7 @@ class RuncCheckpoints(RuncLifecycle):
                 raise
             raise ckpt.RestoreError(f"restoring {cid}: {exc}") from exc
         self._live[cid] = rec
-        return Started(address=f"http://{rec.ip}:{rec.port}", pid=rec.pid, log_path=self.log_path(cid))
+        return Started(address=self.address_of(rec), pid=rec.pid, log_path=self.log_path(cid))
 
     async def _restore_into(self, rec: Record, cdir: Path, spec: ContainerSpec, tar: Path,
                             criu: CriuInfo) -> None:
@@ -190,7 +190,7 @@ class RuncCheckpoints(RuncLifecycle):
                                f"implements {sorted(wire.SUPPORTED_GENERATIONS)}")
         rec.port = manifest["port"]
         names = self.names(cid)
-        rec.ip = self.ipam.claim(cid, self.state_dir, names.netns, group=self.peer_group(spec))
+        rec.ip = self.ipam.claim(cid, self.state_dir, names.netns, group=self.peer_group(spec), port=rec.port)
         self._save(rec)
         # the writable layer is this container's own copy; the images are read in place
         await _run_checked(["cp", "-a", str(template / ckpt.UPPER), str(cdir / "upper")])

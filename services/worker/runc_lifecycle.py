@@ -25,7 +25,7 @@ import msgspec
 from levers9.contracts.spec import ImageRef
 from levers9.runtime.config import Settings
 
-from . import cgroups, firewall, network, rootfs
+from . import cgroups, firewall, hosts, network, rootfs
 from . import checkpoint as ckpt
 from .bundle import EXIT_FILE, LOG_FILE, bundle_spec, cgroups_path, spec_record, upper_files, write_upper
 from .container import ContainerError, ContainerSpec, Exit, Progress, Runtime, Started, exit_of, proc_state, start_time
@@ -56,7 +56,7 @@ class RuncLifecycle(Runtime):
         self._ended: dict[str, Exit] = {}  # stopped (torn down)
         self._exited: dict[str, Exit] = {}  # seen ended by poll(), not stopped yet
         self._locks: dict[str, asyncio.Lock] = {}
-        self.images = ImageMounts(settings, Path(settings.image_cache) / "blobs",
+        self.images = ImageMounts(settings, Path(settings.cache_dir or Path(settings.image_cache) / "blobs"),
                                   f"http://{settings.http_host}:{settings.cache_port}")
 
     @property
@@ -86,8 +86,17 @@ class RuncLifecycle(Runtime):
     async def guard(self) -> None:
         """The bridge's firewall rules for the containers claimed on it now (levers9.worker.firewall)."""
         s = self.settings
+        # a host (levers9.worker.hosts): its containers are published on its address, and its whole
+        # underlay (the machine, the other hosts) is never their egress
         await firewall.sync(s.bridge_name, self.ipam.members, s.container_egress,
-                            (s.nats_url, s.database_url, s.s3_endpoint, s.registry, s.gateway_url))
+                            (s.nats_url, s.database_url, s.s3_endpoint, s.registry, s.gateway_url),
+                            deny_nets=s.hosts_subnet if s.host_address else "", host_address=s.host_address,
+                            forwards_of=lambda: self.ipam.forwards(s.publish_port_base) if s.host_address else [])
+
+    def address_of(self, rec: Record) -> str:
+        """Where the gateway reaches the container: its bridge address, or its host's published port."""
+        s = self.settings
+        return hosts.container_address(s.host_address, s.bridge_subnet, rec.ip, rec.port, s.publish_port_base)
 
     def peer_group(self, spec: ContainerSpec) -> str:
         return firewall.peer_group(self.settings.container_peers, spec.workspace, spec.deployment_id)
@@ -153,7 +162,7 @@ class RuncLifecycle(Runtime):
         rec = Record(cid, ip="", port=spec.port, memory_mib=spec.memory_mib)
         try:
             names = self.names(cid)
-            rec.ip = self.ipam.claim(cid, self.state_dir, names.netns, group=self.peer_group(spec))
+            rec.ip = self.ipam.claim(cid, self.state_dir, names.netns, group=self.peer_group(spec), port=spec.port)
             self._save(rec)
             write_upper(cdir / "upper", upper_files(spec, rec.ip))
             await self._overlay_and_network(rec, cdir, spec.image)
@@ -172,8 +181,7 @@ class RuncLifecycle(Runtime):
             await self._teardown(cid, keep_log=True)
             raise
         self._live[cid] = rec
-        return Started(address=f"http://{rec.ip}:{spec.port}", pid=rec.pid,
-                       log_path=self.log_path(cid))
+        return Started(address=self.address_of(rec), pid=rec.pid, log_path=self.log_path(cid))
 
     # -- state --
 

@@ -3,17 +3,16 @@
 - At start it prepares its runtime (runc: the base root file system, the bridge; or plain
   processes), removes what a crashed predecessor left and says those containers failed
   (levers9.worker.restart), then registers with its capacity and features and heartbeats.
-- It consumes ContainerScheduled / ContainerStopRequested / ContainerCheckpointRequested and acts
-  only on its own containers. A placement carries everything the start needs (spec, resources,
-  checkpoint): no projection is read to start it (levers9.worker.placement).
+- It consumes ContainerScheduled / ContainerStopRequested / ContainerCheckpointRequested and acts only on its
+  own containers. A placement carries everything the start needs (spec, resources, checkpoint, and its
+  GPUs' cards are chosen here: levers9.worker.gpu_node): no projection is read to start it (.placement).
 - For a placement: code archive from the gateway (with its worker token), secrets decrypted, the
   container started or restored (ContainerStarted), the runner's health polled until ready
   (ContainerReady with the address) or failed (ContainerFailed with the reason from the log).
 - A monitor loop notices containers that exit or run out of memory, and stops the ones idle for
   keep_warm_seconds (scale to zero: ContainerStopped; the rule is levers9.worker.idle).
 - Checkpoints: levers9.worker.checkpointing; HTTP routes: levers9.worker.routes.
-- A worker of the build pool also consumes ImageBuildStarted and runs the builds given to it, one at
-  a time (levers9.worker.builder).
+- A build-pool worker also runs the builds given to it (ImageBuildStarted), one at a time (.builder).
 """
 
 from __future__ import annotations
@@ -39,21 +38,21 @@ from levers9.contracts import SYSTEM_WORKSPACE, envelope, subjects
 from levers9.contracts import events as E
 from levers9.contracts.images import BUILD_POOL
 from levers9.runtime.consumer import Delivery, WorkConsumer
-from levers9.runtime.secrets import decrypt
 from levers9.runtime.service import Service
 from levers9.runtime.tasks import spawn
 from levers9.runtime.views import CheckpointsView, ContainersView, DeploymentsView, SecretsView, WorkersView
 
-from . import checkpointing, restart, volumes
+from . import checkpointing, gpu_node, restart, volumes
 from .builder import Builds
 from .catalogue_check import CatalogueCheck
 from .container import ContainerSpec, Exit, Runtime, Started
 from .idle import should_stop_idle
-from .node_cache import NodeCache, cache_app
+from .node_cache import NodeCache, cache_app, shared_cache_or_exit
 from .placement import Overtaken, Running, runner_env
 from .routes import add_routes
 from .runtime import choose_runtime
 from .sandboxes import Sandboxes, generation_refusal, is_function
+from .secret_source import SecretSource
 
 log = logging.getLogger("levers9.worker")
 
@@ -85,12 +84,14 @@ class WorkerService(Service):
         self.ready = asyncio.Event()
         self.containers: dict[str, Running] = {}
         self.overtaken = Overtaken()
-        self.prepare_error = ""
-        self.criu_note = "not checked"
+        self.prepare_error, self.criu_note = "", "not checked"
+        self.gpus = gpu_node.NodeGpus(self.settings, self.state_dir)  # its cards (levers9.worker.gpu_node)
         self.cache = NodeCache(Path(self.settings.image_cache) / "blobs", self.settings, self.settings.cache_max_bytes)
         self.cache_url = f"http://{self.settings.http_host}:{self.settings.cache_port}"
         self.checkpoints = checkpointing.Checkpoints(self)
         self.sandboxes = Sandboxes(self.settings, self.state_dir)
+        self.secret_source = SecretSource(self.settings, lambda ws, names: self.pool.fetch(
+            "SELECT name, ciphertext FROM worker.secrets WHERE workspace=$1 AND name = ANY($2)", ws, names))
         self.volumes = volumes.WorkerVolumes(self.settings, self.worker_id, self.state_dir, self.secret_env)
         self.catalogue_check = CatalogueCheck(self.worker_id, self.settings, lambda env: self.bus.publish(env),
                                               lambda: (self.runtime.name, self.runtime.checkpoint_ready), self.ready,
@@ -122,7 +123,7 @@ class WorkerService(Service):
         from levers9.runtime.service import _Server
         sock = bind_unless_taken(self.settings.http_host, self.settings.cache_port)
         if sock is None:  # uvicorn would exit the process on a taken port
-            log.info("node cache: %s is served by another worker of this node", self.cache_url)
+            await shared_cache_or_exit(self.cache_url, self.settings)  # another home's would fill from its S3
             return
         server = _Server(uvicorn.Config(cache_app(self.cache), log_config=None, access_log=False, lifespan="off"))
         task = asyncio.create_task(server.serve(sockets=[sock]), name="node cache")
@@ -159,7 +160,7 @@ class WorkerService(Service):
             cpu_millicores=s.worker_cpu_millicores or (os.cpu_count() or 1) * 1000,
             memory_mib=s.worker_memory_mib or psutil.virtual_memory().total // (1 << 20),
             features=list(self.runtime.features) + (["criu"] if self.runtime.checkpoint_ready else []),
-            address=f"http://{s.http_host}:{s.http_port}")
+            address=f"http://{s.http_host}:{s.http_port}", **(await self.gpus.register()))
         env = envelope(registered, workspace=SYSTEM_WORKSPACE)
         await self.bus.publish(env)
         await self.bus.publish(envelope(E.WorkerReady(worker_id=self.worker_id), workspace=SYSTEM_WORKSPACE,
@@ -171,7 +172,7 @@ class WorkerService(Service):
         wanted = ("ContainerScheduled", "ContainerStopRequested", "ContainerCheckpointRequested")
         consumers = [WorkConsumer(self.bus, restart.PLACEMENTS.format(self.worker_id),
                                   [subjects.filter_subject(aggregate="container", event_type=t) for t in wanted],
-                                  handle=self.on_container_event, max_deliver=50, ack_wait=60)]
+                                  handle=self.on_container_event, max_deliver=50, ack_wait=10)]
         if self.builds is not None:  # a build-pool worker: the builds given to it
             consumers.append(self.builds.consumer(self.bus))
         else:  # which shared pre-import checkpoints it can restore
@@ -253,12 +254,13 @@ class WorkerService(Service):
             code_dir = await self.fetch_code(c)
             cspec = ContainerSpec(container_id=c.container_id, code_dir=code_dir,
                                   sdk_dir=Path(levers9.__file__).resolve().parent.parent,
-                                  env=runner_env(c.spec, await self.secret_env(c.workspace, c.spec.secrets),
+                                  env=runner_env(c.spec, await self.secret_env(c.container_id, c.spec.secrets),
                                                  container_id=c.container_id, deployment_id=c.deployment_id,
                                                  max_body_bytes=self.settings.max_body_bytes),
                                   cpu_millicores=ev.resources.cpu_millicores, memory_mib=ev.resources.memory_mib,
                                   image=c.spec.image_ref, workspace=c.workspace, deployment_id=c.deployment_id,
                                   binds=await self.volumes.binds(c.workspace, c.container_id, c.spec, self.runtime),
+                                  **self.gpus.take(c.container_id, c.spec),
                                   **(self.sandboxes.container_fields(c.container_id, c.workspace)
                                      if is_function(c.spec) else {}))
         except Exception as exc:  # noqa: BLE001 - every failure becomes ContainerFailed with its reason
@@ -286,7 +288,7 @@ class WorkerService(Service):
             log.exception("container %s could not start", c.container_id)
             await self.finish(c, Exit(None, f"could not start: {type(exc).__name__}: {exc}"), failed=True)
             return
-        await self.started(c, started, note)
+        await self.started(c, started, note or self.gpus.cold_note(c.spec))
 
     async def started(self, c: Running, started: Started, note: str) -> None:
         assert c.spec is not None
@@ -370,17 +372,9 @@ class WorkerService(Service):
                  len(r.content), (time.monotonic() - began) * 1000)
         return target
 
-    async def secret_env(self, workspace: str, names: list[str]) -> dict[str, str]:
-        if not names:
-            return {}
-        rows = await self.pool.fetch("SELECT name, ciphertext FROM worker.secrets WHERE workspace=$1 AND name = ANY($2)",
-                                     workspace, names)
-        found = {r["name"]: decrypt(self.settings, workspace, r["name"], r["ciphertext"]) for r in rows}
-        missing = sorted(set(names) - set(found))
-        if missing:
-            raise RuntimeError(f"secret(s) {', '.join(missing)} not found in workspace {workspace!r}: "
-                               f"create with `levers9 secret create NAME VALUE`")
-        return found
+    async def secret_env(self, container_id: str, names: list[str]) -> dict[str, str]:
+        """A placed container's secrets: opened here with the keyring, or by the gateway (secret_source)."""
+        return await self.secret_source(self.containers[container_id], names)
 
     # ---- stopping ------------------------------------------------------------------------------
 
@@ -399,6 +393,7 @@ class WorkerService(Service):
     async def finish(self, c: Running, ended: Exit, failed: bool) -> None:
         self.containers.pop(c.container_id, None)
         self.sandboxes.forget(c.container_id)
+        self.gpus.free(c.container_id)  # its cards, once it is stopped
         if failed:
             tail = log_tail(self.runtime.log_path(c.container_id))
             reason = ended.reason + (f"; log: {tail}" if tail and tail not in ended.reason else "")
@@ -465,7 +460,7 @@ class WorkerService(Service):
         runtime = getattr(self, "runtime", None)
         return {"worker_id": self.worker_id, "runtime": runtime.name if runtime else "",
                 "runtime_note": self.runtime_note, "registered": self.ready.is_set(), "criu": self.criu_note,
-                "prepare_error": self.prepare_error, "containers": len(self.containers),
+                "prepare_error": self.prepare_error, "containers": len(self.containers), "gpus": self.gpus.health(),
                 **({"builds": {"current": self.builds.current, "finished": self.builds.finished}}
                    if self.builds is not None else {})}
 

@@ -30,7 +30,7 @@ from .mounts import mounts_under, unmount
 
 log = logging.getLogger("levers9.worker.volumes")
 
-SecretsOf = Callable[[str, list[str]], Awaitable[dict[str, str]]]
+SecretsOf = Callable[[str, list[str]], Awaitable[dict[str, str]]]  # (container id, names) -> values
 S3FS_READY_S = 20.0
 
 
@@ -66,7 +66,7 @@ class WorkerVolumes:
         return tuple(binds)
 
     async def _mount_buckets(self, workspace: str, container_id: str, buckets: list[BucketMount]) -> list[Bind]:
-        values = await self.secrets(workspace, sorted({b.secret for b in buckets}))
+        values = await self.secrets(container_id, sorted({b.secret for b in buckets}))
         binds = bucket_binds(str(self.state_dir), container_id, buckets)
         try:
             for bucket, bind in zip(buckets, binds, strict=True):

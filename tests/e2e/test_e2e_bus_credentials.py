@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import time
 import tomllib
 import uuid
 from pathlib import Path
@@ -25,7 +26,7 @@ from levers9.contracts import encode, envelope, uuid7
 from levers9.contracts import events as E
 from levers9.runtime import nats_jwt
 from levers9.runtime.bus_auth import BusAuth
-from levers9.runtime.bus_signing import SIGNATURE_HEADER, SIGNER_HEADER, Signer
+from levers9.runtime.bus_signing import SIGNATURE_HEADER, SIGNER_HEADER, Reporter, Signer
 from levers9.runtime.config import Settings
 from levers9.runtime.nats_auth import inbox_prefix, worker_tag
 from levers9.runtime.nats_issuer import Issuer
@@ -220,6 +221,62 @@ def test_a_worker_writes_only_its_own_subjects(stack):
     assert inbox_prefix(worker_tag("wtest")) == "_INBOX_w_wtest"
 
 
+def _api(stack, method: str, path: str, **kw) -> httpx.Response:
+    token = tomllib.loads((stack["home"] / "config.toml").read_text())["token"]
+    return httpx.request(method, f"{stack['gateway_url']}{path}", headers={"Authorization": f"Bearer {token}"},
+                         timeout=30, **kw)
+
+
+def test_a_worker_cannot_report_on_a_container_placed_on_another_worker(stack):
+    """Server permissions cannot name container ids, so the consumers bind each report to its sender
+    (the worker's own NATS user signs it) and to the container's placement."""
+    r = _api(stack, "POST", "/api/v1/containers", json={"cpu_millicores": 100, "memory_mib": 64})
+    assert r.status_code == 202, r.text
+    cid = r.json()["container_id"]
+    row = wait_until(lambda: (c := _api(stack, "GET", f"/api/v1/containers/{cid}").json()).get("worker_id") and c,
+                     timeout=120)
+    placed = row["worker_id"]
+    creds = str(stack["issuer"].worker_creds("wtest"))
+    admin = str(stack["issuer"].creds_path("admin"))
+    subject = f"levers9.default.container.{cid}.ContainerReady"
+
+    def ready(worker_id: str) -> bytes:
+        return encode(envelope(E.ContainerReady(container_id=cid, worker_id=worker_id, address="http://198.51.100.7:1"),
+                               workspace="default"))
+
+    async def go(payload: bytes, signed: bool) -> None:
+        async with Client(stack["nats_url"], creds) as c:
+            headers = Reporter.from_creds(creds).headers(subject, payload) if signed else {}
+            await c.accepted(subject, payload, headers)
+
+    run(go(ready(placed), signed=False))  # claims to be the placed worker, unsigned
+    reason = wait_until(lambda: run(_dlq_reason(stack["nats_url"], admin, subject)), timeout=30)
+    assert "unsigned container report ContainerReady" in reason, reason
+    run(go(ready(placed), signed=True))  # signed as itself while naming the placed worker
+    wait_until(lambda: "was sent by worker 'wtest'" in (run(_dlq_reason(stack["nats_url"], admin, subject)) or ""),
+               timeout=30)
+    run(go(ready("wtest"), signed=True))  # honest about itself, but the container is not placed on it
+    time.sleep(3)  # nothing to wait for: it must change nothing
+    after = _api(stack, "GET", f"/api/v1/containers/{cid}").json()
+    assert after["worker_id"] == placed and "198.51.100.7" not in after.get("address", ""), after
+
+    # a checkpoint of that container handed in by wtest (signed as itself): the store refuses it
+    ck = str(uuid.uuid4())
+    dumped = envelope(E.CheckpointDumped(checkpoint_id=ck, deployment_id="hello-v1", container_id=cid,
+                                         worker_id="wtest", size_bytes=1, sha256="0" * 64,
+                                         location="http://198.51.100.7:1/blobs/x"), workspace="default")
+    subject, payload = dumped.subject, encode(dumped)
+
+    async def hand_in() -> None:
+        async with Client(stack["nats_url"], creds) as c:
+            await c.accepted(subject, payload, Reporter.from_creds(creds).headers(subject, payload))
+
+    run(hand_in())
+    row = wait_until(lambda: next((c for c in _api(stack, "GET", "/api/v1/checkpoints", params={"all": "true"}).json()
+                                   if c["checkpoint_id"] == ck and c["status"] != "dumped"), None), timeout=60)
+    assert row["status"] == "checkpoint_failed" and f"is placed on '{placed}'" in row["reason"], row
+
+
 def test_a_worker_the_pool_controller_provisioned_registers_with_its_own_user(stack):
     """The build pool's warm worker is started by the pool controller with a user minted for it:
     its WorkerRegistered/WorkerReady (power events, signed with the workers' key) are applied."""
@@ -237,10 +294,25 @@ def test_a_worker_the_pool_controller_provisioned_registers_with_its_own_user(st
     assert f"levers9._sys.worker.{worker_id}.>" in claims["nats"]["pub"]["allow"]
 
 
-def test_a_revoked_publisher_is_refused(stack, tmp_path):
+def test_a_revoked_publisher_is_refused_and_its_open_connection_cut(stack, tmp_path):
     creds = publisher_creds(stack, "gone", tmp_path)
     pid = nats_jwt.decode(nats_jwt.creds_jwt(Path(creds).read_text()))["name"].rsplit("_", 1)[-1]
-    cli(stack["env"], "publishers", "revoke", pid)
+
+    async def cut_when_revoked() -> float:
+        async with Client(stack["nats_url"], creds) as c:  # connected, and publishing, before the revoke
+            assert c.nc is not None
+            await c.nc.publish("levers9.gone.deployment.d1.DeploymentStopped", b"{}")
+            await c.nc.flush()
+            t = asyncio.get_running_loop().time()
+            await asyncio.to_thread(cli, stack["env"], "publishers", "revoke", pid)
+            for _ in range(200):
+                if c.nc.is_closed:
+                    return asyncio.get_running_loop().time() - t
+                await asyncio.sleep(0.1)
+            raise AssertionError(f"the revoked publisher's connection is still open 20 s later: {c.errors}")
+
+    cut_s = run(cut_when_revoked())
+    print(f"\nrevoked publisher's open connection closed by the server {cut_s:.2f} s after `revoke`")
 
     async def connects() -> bool:
         try:

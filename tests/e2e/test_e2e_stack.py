@@ -184,7 +184,8 @@ def test_gateway_api_requests_a_container_and_other_workspaces_see_404(stack_env
 def test_rebuilt_projection_equals_the_live_one(stack_env):
     report = json.loads(cli(stack_env, "projections", "rebuild", "scheduler", "--json").stdout)
     assert report["equal"] and report["swapped"], report
-    assert {t["table"] for t in report["tables"]} == {"containers", "workers", "worker_slots"}
+    assert {t["table"] for t in report["tables"]} == {"containers", "workers", "worker_slots", "clusters",
+                                                      "cluster_shares", "cluster_workers"}
     assert all(t["live_rows"] == t["rebuilt_rows"] for t in report["tables"])
     doc = json.loads(cli(stack_env, "status", "--json").stdout)
     assert all(c["healthy"] for c in doc["components"])

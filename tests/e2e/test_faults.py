@@ -7,6 +7,9 @@
 - NATS restarted (same port): every service reconnects by itself, a new container is requested,
   placed and started through the log;
 - Postgres restarted (same port): every service reports healthy again and calls are served;
+- S3 down for 30 s: a warm container keeps answering, a deploy fails at once with a 503 that names
+  the object store, a checkpoint dumped before the outage is uploaded once S3 is back (never failed),
+  and deploys work again without restarting anything;
 - the worker SIGKILLed and started again: its containers are removed and reported failed at its
   start, and calls get new ones at once;
 - `levers9 down` leaves no runc container, veth, namespace or mount of the stack.
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import time
 from collections import Counter
 from pathlib import Path
@@ -203,6 +207,53 @@ def test_a_sigkilled_worker_s_containers_are_replaced_once_it_is_back(env):
     report("worker sigkill",
            served_after_s=round(time.monotonic() - killed_at, 2), old_containers=len(before))
     settled_node_matches_containers(env)
+
+
+def checkpoint_of(env: dict, deployment_prefix: str) -> dict | None:
+    rows = [c for c in api(env, "GET", "/api/v1/checkpoints", params={"all": "true"}).json()
+            if c["deployment_id"].startswith(deployment_prefix)]
+    return rows[-1] if rows else None
+
+
+def test_s3_down_for_30_s_fails_deploys_clearly_and_loses_no_checkpoint(env):
+    """A checkpoint is dumped while the checkpoint-store is frozen (SIGSTOP), so that its upload meets
+    the outage; SeaweedFS is then stopped for 30 s and the store thawed."""
+    APPS = ROOT / "tests" / "e2e" / "apps"
+    cli(env, "deploy", str(APPS / "stateful.py"))
+    store, why = stack_of(env).check_pid("checkpoint-store")
+    assert store is not None, why
+    os.kill(store, signal.SIGSTOP)
+    try:
+        assert api(env, "POST", "/endpoint/stateful", json={}).status_code == 200
+        wait_until(lambda: (checkpoint_of(env, "stateful-") or {}).get("status") == "dumped", timeout=RECOVERY_S)
+        with Flow(env) as flow, server_down(env, "s3"):
+            os.kill(store, signal.SIGCONT)  # its upload now meets the outage
+            down_at = time.monotonic()
+            t = time.monotonic()
+            r = cli(env, "deploy", str(APPS / "probe.py"), check=False)
+            deploy_s = time.monotonic() - t
+            said = r.stdout + r.stderr
+            assert r.returncode != 0 and "object store (S3)" in said and "retry" in said, said
+            assert deploy_s < 60, f"a deploy with S3 down took {deploy_s:.0f} s to fail"
+            time.sleep(max(0.0, 30 - (time.monotonic() - down_at)))
+            held = checkpoint_of(env, "stateful-")
+            assert held and held["status"] == "dumped", f"the checkpoint did not wait for S3: {held}"
+            store_log = (Path(env["LEVERS9_HOME"]) / "logs" / "checkpoint-store.log").read_text()
+            assert f"checkpoint {held['checkpoint_id']} waits for S3" in store_log, "its upload never met the outage"
+            during = flow.ok_since(down_at)
+            assert during > 0, f"no call was served while S3 was down: {flow.last()}"
+    finally:
+        os.kill(store, signal.SIGCONT)
+    back = time.monotonic()
+    stored = wait_until(lambda: (c := checkpoint_of(env, "stateful-")) and c["status"] != "dumped" and c,
+                        timeout=RECOVERY_S, every=1)
+    assert stored["status"] == "available", stored
+    stored_s = time.monotonic() - back
+    cli(env, "deploy", str(APPS / "probe.py"))  # deploys work again, nothing restarted
+    for code, text in flow.failures():  # a call that failed said why: never a bare 500
+        assert code in (502, 503, 504) and ("detail" in text or "error" in text), (code, text)
+    report("s3 down", down_s=30, deploy_failed_in_s=round(deploy_s, 2), calls_ok_during=during,
+           calls_failed=len(flow.failures()), checkpoint_stored_after_s=round(stored_s, 2))
 
 
 def test_down_leaves_no_container_veth_namespace_or_mount(env):

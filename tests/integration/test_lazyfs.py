@@ -23,7 +23,7 @@ from levers9.runtime.config import Settings
 from levers9.runtime.image_archive import upload_image
 from levers9.runtime.service import _Server
 from levers9.stack import free_port
-from levers9.worker import lazyfs
+from levers9.worker import lazyfs, rootfs
 from levers9.worker.checkpoint import RestoreError
 from levers9.worker.container import ContainerError, ContainerSpec
 from levers9.worker.images import ImageMounts
@@ -211,7 +211,10 @@ async def test_s3_out_at_acquire_fails_the_container_with_the_cause(servers, tmp
     assert not os.listdir(tmp_path / "cache" / "images" / ref.image_id / "holders")
 
 
-BASE = Path("/var/cache/levers9/rootfs/bookworm-python3-base")
+@pytest.fixture(scope="module")
+def base() -> Path:
+    """The machine's base root fs (built once per machine, as a worker would: minutes the first time)."""
+    return rootfs.ensure_base_rootfs(Path(Settings().image_cache))
 
 
 def copy_from(base: Path, rel: str, dest: Path) -> None:
@@ -233,12 +236,11 @@ def copy_from(base: Path, rel: str, dest: Path) -> None:
 
 
 @pytest.mark.skipif(bool(runc_missing()), reason=f"real containers: {runc_missing()}")
-@pytest.mark.skipif(not BASE.is_dir(), reason=f"the base root fs is not built at {BASE}")
-async def test_a_runc_container_runs_on_a_lazy_image_and_fails_when_its_server_dies(servers, tmp_path):
+async def test_a_runc_container_runs_on_a_lazy_image_and_fails_when_its_server_dies(servers, tmp_path, base):
     # a tiny image from another "base": a shell, cat and sleep; no /app, /opt/levers9 or /var/log
     image = tmp_path / "src"
     for rel in ("bin/sh", "bin/cat", "bin/sleep", "lib64/ld-linux-x86-64.so.2", "lib/x86_64-linux-gnu/libc.so.6"):
-        copy_from(BASE, rel, image)
+        copy_from(base, rel, image)
     (image / "etc").mkdir()
     (image / "etc/image-note").write_text("read through FUSE\n")
     image_id = "im-" + hashlib.sha256(str(tmp_path).encode()).hexdigest()[:24]
@@ -278,11 +280,10 @@ def asleep(init_pid: int) -> bool:
 
 
 @pytest.mark.skipif(bool(runc_missing()), reason=f"real containers: {runc_missing()}")
-@pytest.mark.skipif(not BASE.is_dir(), reason=f"the base root fs is not built at {BASE}")
-async def test_a_checkpoint_records_its_image_and_restores_only_onto_it(servers, tmp_path):
+async def test_a_checkpoint_records_its_image_and_restores_only_onto_it(servers, tmp_path, base):
     image = tmp_path / "src"
     for rel in ("bin/sh", "bin/sleep", "lib64/ld-linux-x86-64.so.2", "lib/x86_64-linux-gnu/libc.so.6"):
-        copy_from(BASE, rel, image)
+        copy_from(base, rel, image)
     image_id = "im-" + hashlib.sha256(str(tmp_path).encode()).hexdigest()[:24]
     settings = s3_settings(servers, tmp_path / "cache")
     ref = ImageRef(image_id=image_id, archive=await upload_image(settings, image, image_id, BUCKET, chunk_size=CHUNK))

@@ -2,20 +2,17 @@
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import os
 from pathlib import Path
 
 import pytest
-import uvicorn
+from _served import serving
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from levers9.runtime.config import Settings
-from levers9.runtime.service import _Server
 from levers9.runtime.storage import ensure_bucket, s3_client
-from levers9.stack import free_port
 from levers9.worker.node_cache import Entry, HashMismatch, NodeCache, cache_app, evict
 
 
@@ -70,20 +67,12 @@ async def test_a_peer_fills_a_miss_before_s3(servers, tmp_path):
     sha = hashlib.sha256(blob).hexdigest()
     peer = NodeCache(tmp_path / "peer", s3_settings(servers), max_bytes=10_000_000)
     (tmp_path / "peer" / sha).write_bytes(blob)
-    port = free_port()
-    server = _Server(uvicorn.Config(cache_app(peer), host="127.0.0.1", port=port, log_config=None, lifespan="off"))
-    task = asyncio.create_task(server.serve())
-    try:
-        while not server.started:
-            await asyncio.sleep(0.02)
+    async with serving(cache_app(peer)) as url:
         mine = NodeCache(tmp_path / "mine", s3_settings(servers), max_bytes=10_000_000)
-        path = await mine.get(sha, peer=f"http://127.0.0.1:{port}", bucket="nope", key="nope")
+        path = await mine.get(sha, peer=url, bucket="nope", key="nope")
         assert path.read_bytes() == blob and mine.stats["fills_peer"] == 1
         with pytest.raises(FileNotFoundError):
             await mine.get("0" * 64)
-    finally:
-        server.should_exit = True
-        await task
 
 
 async def test_a_range_of_an_object_fills_a_blob_of_its_own(servers, tmp_path):

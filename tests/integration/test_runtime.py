@@ -4,6 +4,7 @@ projections, rebuild. Each test works in its own workspace (subjects) and its ow
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import shutil
 import signal
@@ -263,6 +264,75 @@ async def test_work_consumer_naks_with_backoff_then_dead_letters(bus):
     dead = await dlq_entries(bus, ws)
     assert [m.headers["Levers9-Original-Subject"].split(".")[3] for m in dead] == ["broken"]
     assert "failed 3 times" in dead[0].headers["Levers9-Reason"]
+
+
+async def test_work_consumer_keeps_slow_messages_in_hand_and_a_dead_holders_come_back_after_ack_wait(bus):
+    """+WPI while a message is worked on lets the ack wait be short (a dead holder's message comes
+    back soon) without another replica taking a message that is only slow."""
+    ws = new_ws()
+    seen: dict[str, int] = {}
+    hold = asyncio.Event()
+
+    async def slow(d):  # each takes 2.5 ack waits: without +WPI the server would redeliver them meanwhile
+        cid = d.message.event.container_id
+        seen[cid] = seen.get(cid, 0) + 1
+        await asyncio.sleep(5.0)
+
+    stop = asyncio.Event()  # two replicas on one durable: an idle one would take an expired message
+    replicas = [WorkConsumer(bus, f"slow-{ws}", [f"levers9.{ws}.>"], handle=slow, ack_wait=2.0, batch=2)
+                for _ in range(2)]
+    tasks = [asyncio.create_task(r.run(stop)) for r in replicas]
+    for cid in ("a", "b"):
+        await bus.publish(envelope(E.ContainerRequested(container_id=cid), workspace=ws))
+
+    async def settled():
+        info = await bus.js.consumer_info(subjects.STREAM, f"slow-{ws}")
+        return seen.get("b") == 1 and info.num_ack_pending == 0 and info.num_pending == 0
+
+    await wait_for(settled, timeout=20)
+    await asyncio.sleep(2.5)  # past one more ack wait: nothing comes again
+    stop.set()
+    await asyncio.gather(*tasks)
+    assert seen == {"a": 1, "b": 1}
+
+    # a holder that dies mid-message (its task cancelled: no ack, no nak) loses it to the next run
+    # within about one ack wait, however long handlers may take
+    async def stuck(d):
+        await hold.wait()
+
+    gone = asyncio.create_task(WorkConsumer(bus, f"die-{ws}", [f"levers9.{ws}.>"], handle=stuck,
+                                            ack_wait=2.0).run(asyncio.Event()))
+    await wait_for(lambda: _ack_pending(bus, f"die-{ws}"), timeout=10)
+    gone.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await gone
+    died = time.monotonic()
+    again: list[float] = []
+
+    async def record(d):
+        again.append(time.monotonic() - died)
+
+    stop = asyncio.Event()
+    task = asyncio.create_task(WorkConsumer(bus, f"die-{ws}", [f"levers9.{ws}.>"], handle=record,
+                                            ack_wait=2.0).run(stop))
+    await wait_for(lambda: _async_true(len(again) >= 2), timeout=15)
+    stop.set()
+    await task
+    assert max(again) < 6.0
+    # a durable made with another ack wait (an older release's) takes the new one
+    await WorkConsumer(bus, f"die-{ws}", [f"levers9.{ws}.>"], handle=record, ack_wait=3.0)._subscribe()
+    assert (await bus.js.consumer_info(subjects.STREAM, f"die-{ws}")).config.ack_wait == 3.0
+
+
+async def _ack_pending(bus, durable: str) -> bool:
+    try:
+        return (await bus.js.consumer_info(subjects.STREAM, durable)).num_ack_pending > 0
+    except nats.js.errors.NotFoundError:  # not created yet
+        return False
+
+
+async def _async_true(value: bool) -> bool:
+    return value
 
 
 def _nats_binary() -> str:

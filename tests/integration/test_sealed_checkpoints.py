@@ -4,19 +4,16 @@ sealed fill returns the plaintext (hash checked), and a tampered, moved or key-l
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import os
 
 import pytest
-import uvicorn
+from _served import serving
 
 from levers9.checkpoint_store.service import CheckpointStoreService
 from levers9.runtime import sealing
 from levers9.runtime.config import Settings
-from levers9.runtime.service import _Server
 from levers9.runtime.storage import ensure_bucket, s3_client
-from levers9.stack import free_port
 from levers9.worker.node_cache import HashMismatch, NodeCache, cache_app
 
 BUCKET = "sealing-test"
@@ -47,17 +44,8 @@ async def test_an_uploaded_checkpoint_is_sealed_in_s3_and_opens_only_where_it_be
     sha = hashlib.sha256(plain).hexdigest()
     node = NodeCache(tmp_path / "node", s, max_bytes=1 << 30)
     (tmp_path / "node" / sha).write_bytes(plain)
-    port = free_port()
-    server = _Server(uvicorn.Config(cache_app(node), host="127.0.0.1", port=port, log_config=None, lifespan="off"))
-    task = asyncio.create_task(server.serve())
-    try:
-        while not server.started:
-            await asyncio.sleep(0.02)
-        store = CheckpointStoreService(s)
-        size, digest = await store.upload(f"http://127.0.0.1:{port}/blobs/{sha}", BUCKET, "checkpoints/d/c.tar")
-    finally:
-        server.should_exit = True
-        await task
+    async with serving(cache_app(node)) as url:
+        size, digest = await CheckpointStoreService(s).upload(f"{url}/blobs/{sha}", BUCKET, "checkpoints/d/c.tar")
     assert (size, digest) == (len(plain), sha)
     stored = await s3_get(s, "checkpoints/d/c.tar")
     assert sealing.is_sealed_archive(stored) and canary not in stored and canary in plain  # + positive control
@@ -95,3 +83,37 @@ async def test_a_checkpoint_stored_before_sealing_still_opens_and_no_key_means_n
     from levers9.runtime.secrets import SecretKeyMissing
     with pytest.raises(SecretKeyMissing, match="LEVERS9_SECRET_KEY_FILE"):
         await CheckpointStoreService(settings_of(servers, None)).upload("http://127.0.0.1:9/none", BUCKET, "k")
+
+
+async def test_a_node_without_the_keyring_fills_a_sealed_checkpoint_with_its_data_key_only(servers, tmp_path):
+    """A Kubernetes pool's or an attached cluster's node: no keyring; the worker brings the one
+    archive's data key (from the gateway) to its node cache as X-Levers9-Data-Key."""
+    import base64
+
+    import httpx
+
+    from levers9.runtime.secrets import checkpoint_context
+
+    ring = sealing.rotated(None)
+    plain = os.urandom(3 << 20)
+    sha = hashlib.sha256(plain).hexdigest()
+    key = "checkpoints/d/keyless.tar"
+    stored = sealing.seal_archive(ring, plain, checkpoint_context(BUCKET, key))
+    await s3_put(settings_of(servers, ring), key, stored)
+    data_key = sealing.archive_data_key(ring, stored[:sealing.HEADER_MAX], checkpoint_context(BUCKET, key))
+    keyless = NodeCache(tmp_path / "keyless", settings_of(servers, None), max_bytes=1 << 30)
+    params = {"bucket": BUCKET, "key": key, "fill": "true", "sealed": "true"}
+    async with serving(cache_app(keyless)) as url, httpx.AsyncClient(timeout=60) as client:
+        r = await client.get(f"{url}/blobs/{sha}", params=params)  # no key: refused, says why
+        assert r.status_code == 502 and "keyring" in r.json()["detail"], r.text
+        wrong = base64.b64encode(os.urandom(32)).decode()
+        r = await client.get(f"{url}/blobs/{sha}", params=params, headers={"X-Levers9-Data-Key": wrong})
+        assert r.status_code == 502 and "integrity check" in r.json()["detail"], r.text
+        assert (await client.get(f"{url}/blobs/{sha}", params=params,
+                                 headers={"X-Levers9-Data-Key": "%%%"})).status_code == 400
+        assert not (tmp_path / "keyless" / sha).exists()
+        r = await client.get(f"{url}/blobs/{sha}", params=params,
+                             headers={"X-Levers9-Data-Key": base64.b64encode(data_key).decode()})
+        assert r.status_code == 200, r.text
+    assert (tmp_path / "keyless" / sha).read_bytes() == plain
+    await keyless.close()

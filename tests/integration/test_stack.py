@@ -238,22 +238,53 @@ def test_external_servers_are_used_not_started(tmp_path, servers, own_stack):
     assert all(c.healthy for c in stack.status()[:4])
 
 
-def test_a_port_taken_meanwhile_is_a_clear_error_and_nothing_stays_up(tmp_path, servers, monkeypatch,
-                                                                     own_stack):
+@pytest.fixture
+def nats_handed_a_taken_port(servers, monkeypatch, own_stack):
+    """start(times) starts the servers of a stack (with external Postgres and S3) whose NATS is handed
+    a port another socket listens on the first `times` times it asks for its two (client, monitor);
+    it returns what start_servers returned (or raised) and what it said."""
     stack, _ = own_stack(LEVERS9_DATABASE_URL=servers["database_url"],
                          LEVERS9_S3_ENDPOINT=servers["s3_endpoint"])
     stack.ready_timeout = 5
-    with socket.socket() as taken:
-        taken.bind(("127.0.0.1", 0))
-        taken.listen()
-        real = procs.free_ports
-        # NATS asks for two ports (client, monitor): hand it the taken one
-        monkeypatch.setattr(procs, "free_ports",
-                            lambda n, host="127.0.0.1": [taken.getsockname()[1], *real(1)] if n == 2
-                            else real(n, host))
-        with pytest.raises(StackError) as err:
-            stack.start_servers()
-    message = str(err.value)
+    real = procs.free_ports
+
+    def start(times: int) -> tuple[dict[str, str] | StackError, list[str], int]:
+        said: list[str] = []
+        with socket.socket() as taken:
+            taken.bind(("127.0.0.1", 0))
+            taken.listen()
+            port, handed = taken.getsockname()[1], []
+
+            def free_ports(n, host="127.0.0.1"):
+                if n == 2 and len(handed) < times:
+                    handed.append(port)
+                    return [port, *real(1)]
+                return real(n, host)
+            monkeypatch.setattr(procs, "free_ports", free_ports)
+            try:
+                return stack.start_servers(said.append), said, port
+            except StackError as err:
+                return err, said, port
+
+    return stack, start
+
+
+def test_a_server_whose_port_was_taken_meanwhile_starts_again_on_new_ports(nats_handed_a_taken_port):
+    stack, start = nats_handed_a_taken_port
+    urls, said, taken = start(times=1)
+    assert isinstance(urls, dict), urls
+    assert procs.port_of(urls["nats_url"]) != taken
+    assert sum("starting it again on new ports" in m for m in said) == 1, said
+    assert {c.name: c.healthy for c in stack.status()}["nats"]
+    stack.down()
+
+
+def test_a_port_taken_twice_is_a_clear_error_and_nothing_stays_up(tmp_path, nats_handed_a_taken_port):
+    _, start = nats_handed_a_taken_port
+    err, said, _ = start(times=2)
+    assert isinstance(err, StackError), err
+    assert sum("starting it again on new ports" in m for m in said) == 1, said
+    message = str(err)
     assert "nats did not start" in message
     assert str(tmp_path / "logs" / "nats.log") in message
     assert "address already in use" in message.lower()

@@ -167,11 +167,12 @@ def test_k8s_files_parse_and_are_namespaced():
     docs = _k8s_docs()
     assert docs
     namespaces = [d for _, d in docs if d.get("kind") == "Namespace"]
-    assert [n["metadata"]["name"] for n in namespaces] == ["levers9"]
+    # levers9: the controlplane; levers9-workers: the pool controller's worker pods (k8s/rbac.yaml)
+    assert [n["metadata"]["name"] for n in namespaces] == ["levers9", "levers9-workers"]
     for filename, doc in docs:
         if doc.get("kind") in ("Namespace", "Kustomization"):
             continue
-        assert doc["metadata"].get("namespace") == "levers9", f"{filename}: {doc['kind']}"
+        assert doc["metadata"].get("namespace") in ("levers9", "levers9-workers"), f"{filename}: {doc['kind']}"
 
 
 def test_k8s_runs_every_service_with_its_command():
@@ -298,3 +299,21 @@ def test_dockerfile_entrypoint_port_and_healthcheck():
     runs = [rest for word, rest in _dockerfile_instructions() if word == "RUN"]
     assert any("pip install ." in r for r in runs)
     assert any("runc" in r and "criu" in r for r in runs), "the worker needs runc and CRIU"
+
+
+def test_compose_runs_nats_with_authentication_and_each_process_as_its_own_user():
+    services = _compose()["services"]
+    assert services["nats-auth"]["command"][:3] == ["nats", "init", "/auth"]
+    nats = services["nats"]
+    assert nats["command"][-2:] == ["-c", "/auth/server.conf"]
+    assert nats["depends_on"]["nats-auth"]["condition"] == "service_completed_successfully"
+    for name in SERVICES:
+        env = services[name]["environment"]
+        assert env["LEVERS9_NATS_AUTH"] == "on" and env["LEVERS9_BUS_SIGNERS"] == "/auth/signers.json", name
+        own = "workers/worker-1" if name == "worker" else name
+        assert env["LEVERS9_NATS_CREDS"] == f"/auth/{own}.creds", name
+        assert env["LEVERS9_BUS_SIGNING_KEY"] == f"/auth/{'worker' if name == 'worker' else name}.sign", name
+        assert any(str(v).startswith("nats-auth:/auth") for v in services[name]["volumes"]), name
+    # only the pool controller holds the issuer (it mints workers' users) and may write there
+    assert [n for n in SERVICES if services[n]["environment"].get("LEVERS9_NATS_ISSUER")] == ["pool-controller"]
+    assert "nats-auth:/auth" in services["pool-controller"]["volumes"]

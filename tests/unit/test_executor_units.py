@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import socket
+import subprocess
 import sys
 import threading
 import time
@@ -245,6 +246,56 @@ def test_a_stop_before_arming_raises_at_arm_and_runs_hooks():
         guard.arm(1)
     assert hooked == [1]
     interrupt.sleep(0.01)  # not armed: the plain sleep
+
+
+STOP_THEN_TRACE = r"""
+import sys, threading, time
+from levers9.executor.interrupt import CallCancelled, Guard
+
+def call(guard, seen, work):
+    try:
+        try:
+            guard.arm(0)
+            work()
+            seen.append("ran to the end")
+        finally:
+            guard.disarm()
+    except CallCancelled:
+        seen.append("cancelled")
+
+def blocked():  # in C when the stop comes: it fires right after
+    threading.Event().wait(0.3)
+
+def swallowing():  # user code that catches everything, CallCancelled too
+    try:
+        threading.Event().wait(0.3)
+    except BaseException:
+        pass
+
+for work in (blocked, swallowing):
+    guard, seen = Guard(), []
+    thread = threading.Thread(target=call, args=(guard, seen, work))
+    thread.start()
+    time.sleep(0.05)
+    guard.stop("cancelled")
+    thread.join()
+    print(seen, flush=True)
+
+def entry(x):
+    return x + 1
+sys.settrace(lambda *a: None)  # a tracer: coverage, a debugger, Hypothesis
+print("entered", entry(1), flush=True)
+"""
+
+
+def test_a_stopped_call_leaves_no_pending_exception_behind():
+    """CPython 3.11 loops for ever at the next function entry under a tracer when an async
+    exception was cleared with NULL, or is pending in a thread that no longer runs Python (a test
+    process hung so, at 100% CPU). Run in a child: a hang here must not hang the suite."""
+    out = subprocess.run([sys.executable, "-c", STOP_THEN_TRACE], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines == ["['cancelled']", "['ran to the end']", "entered 2"], out
 
 
 # ---- the runner's configuration --------------------------------------------------------------------

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import io
 import json
@@ -188,6 +189,17 @@ async def test_lists_return_the_spec_and_the_request_as_json(gw):
         assert row["request"] == {"pool": "p"}
 
 
+async def test_the_container_list_pages_and_says_how_many_there_are(gw):
+    gw.pool.answer("SELECT count(*) FROM gateway.containers", [{"count": 2500}])
+    gw.pool.answer("FROM gateway.containers c LEFT JOIN", [{"container_id": "c1", "request": None}])
+    async with client(gw) as c:
+        r = await c.get("/api/v1/containers", params={"all": "true", "limit": 2, "offset": 1000})
+        assert r.status_code == 200 and r.headers["X-Total-Count"] == "2500"
+        assert "LIMIT $3 OFFSET $4" in gw.pool.queries[-1]
+        for bad in ({"limit": 0}, {"limit": 10001}, {"offset": -1}):
+            assert (await c.get("/api/v1/containers", params=bad)).status_code == 422, bad
+
+
 async def test_a_worker_fetches_code_only_for_a_container_placed_on_it(gw, monkeypatch):
     class S3:
         async def __aenter__(self):
@@ -246,3 +258,85 @@ async def test_a_call_resolves_its_version_and_asks_for_a_container_restoring_th
     assert ev.checkpoint.location == "http://node" and ev.note == ""
     assert ev.spec is not None and ev.spec.timeout_seconds == 1
     assert gw.bus.published[0].correlation_id == r.json()["correlation_id"]
+
+
+async def test_a_worker_without_the_keyring_gets_only_its_placed_containers_named_secrets(gw):
+    from levers9.runtime import sealing
+    from levers9.runtime.secrets import encrypt
+
+    ring = sealing.dump_keyring(sealing.rotated(None))
+    gw.settings = gw.settings.with_(secret_key=ring)
+    gw.projected["containers"] = gw.bus.last_container_seq = 7
+    spec = json.loads(spec_json(secrets=["API_KEY"]))
+    gw.pool.answer("SELECT c.worker_id, d.spec", [{"worker_id": "w1", "spec": json.dumps(spec)}])
+    gw.pool.answer("FROM gateway.secrets", [{"name": "API_KEY",
+                                             "ciphertext": encrypt(gw.settings, "default", "API_KEY", "s3cr3t")}])
+    url = "/api/v1/internal/deployments/hello-v1/secrets"
+    asked = {"workspace": "default", "container_id": "c1", "seq": 7, "names": ["API_KEY"]}
+    async with client(gw) as c:
+        assert (await c.get(url, params=asked)).status_code == 403  # a user token
+    async with client(gw, WORKER) as c:
+        r = await c.get(url, params=asked)
+        assert r.status_code == 200 and r.json() == {"API_KEY": "s3cr3t"}
+        r = await c.get(url, params={**asked, "names": ["API_KEY", "DB_PASSWORD"]})
+        assert r.status_code == 403 and "DB_PASSWORD" in r.json()["detail"] and "s3cr3t" not in r.text
+        gw.pool.answer("SELECT c.worker_id, d.spec", [{"worker_id": "w2", "spec": json.dumps(spec)}])
+        r = await c.get(url, params=asked)  # placed on another worker
+        assert r.status_code == 404 and "not placed on worker w1" in r.json()["detail"]
+
+
+async def test_a_worker_without_the_keyring_gets_the_data_key_of_its_placed_deployments_checkpoint_only(
+        gw, monkeypatch):
+    from levers9.runtime import sealing
+    from levers9.runtime.secrets import checkpoint_context
+
+    ring = sealing.rotated(None)
+    gw.settings = gw.settings.with_(secret_key=sealing.dump_keyring(ring))
+    archive = sealing.seal_archive(ring, b"a criu dump" * 1000, checkpoint_context("levers9-default", "ck/1.tar"))
+    ranges = []
+
+    class S3:
+        async def __aenter__(self):
+            return self
+
+        async def __aexit__(self, *exc):
+            return None
+
+        async def get_object(self, Bucket, Key, Range):
+            assert (Bucket, Key) == ("levers9-default", "ck/1.tar")
+            ranges.append(Range)
+            end = int(Range.split("-")[1]) + 1
+
+            class Body:
+                async def __aenter__(self):
+                    return self
+
+                async def __aexit__(self, *exc):
+                    return None
+
+                async def read(self):
+                    return archive[:end]
+            return {"Body": Body()}
+
+    monkeypatch.setattr(routes_internal, "s3_client", lambda settings: S3())
+    gw.projected["containers"] = gw.bus.last_container_seq = 7
+    gw.pool.answer("SELECT c.worker_id, d.spec", [{"worker_id": "w1", "spec": spec_json()}])
+    gw.pool.answer("FROM gateway.checkpoints WHERE workspace=$1 AND checkpoint_id=$2",
+                   [{"deployment_id": "hello-v1", "bucket": "levers9-default", "key": "ck/1.tar"}])
+    url = "/api/v1/internal/deployments/hello-v1/checkpoint-key"
+    asked = {"workspace": "default", "container_id": "c1", "seq": 7, "checkpoint_id": "ck1"}
+    async with client(gw) as c:
+        assert (await c.get(url, params=asked)).status_code == 403  # a user token
+    async with client(gw, WORKER) as c:
+        r = await c.get(url, params=asked)
+        assert r.status_code == 200, r.text
+        key = base64.b64decode(r.json()["data_key"])
+        # the key opens that archive (and the keyring's KEK was never sent)
+        opener = sealing.ArchiveOpener(None, checkpoint_context("levers9-default", "ck/1.tar"), key)
+        assert opener.update(archive) + opener.finish() == b"a criu dump" * 1000
+        assert ranges == [f"bytes=0-{sealing.HEADER_MAX - 1}"]
+        r = await c.get(url.replace("hello-v1", "other-v1"), params=asked)  # not the checkpoint's deployment
+        assert r.status_code == 404
+        gw.pool.answer("SELECT c.worker_id, d.spec", [{"worker_id": "w2", "spec": spec_json()}])
+        r = await c.get(url, params=asked)  # its container is placed on another worker
+        assert r.status_code == 404 and "not placed on worker w1" in r.json()["detail"]

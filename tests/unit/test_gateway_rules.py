@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from levers9.contracts import events as E
 from levers9.contracts.checkpoint_policy import restore_choice
-from levers9.contracts.spec import CheckpointRef, InvalidSpec, Resources, decode_spec
+from levers9.contracts.spec import MAX_GPUS, CheckpointRef, InvalidSpec, Resources, decode_spec
 from levers9.gateway.auth import Caller, admin_refusal, bearer_secret, user_refusal, worker_of
 from levers9.gateway.routes_containers import InvalidRequest, parse_container_request
 from levers9.gateway.routes_deployments import archive_problem, parse_spec, with_code
@@ -107,7 +107,7 @@ def test_an_archive_must_be_a_tar_gz_holding_the_module():
 
 # ---- the bare container request ----------------------------------------------------------------
 
-@given(cpu=st.integers(1, 256_000), memory=st.integers(16, 4 * 1024 * 1024), count=st.integers(0, 16))
+@given(cpu=st.integers(1, 256_000), memory=st.integers(16, 4 * 1024 * 1024), count=st.integers(0, MAX_GPUS))
 def test_a_container_request_takes_millicores_and_mib(cpu, memory, count):
     asked = parse_container_request(json.dumps({"cpu_millicores": cpu, "memory_mib": memory, "gpu_count": count,
                                                 "pool": "gpu-pool"}).encode())

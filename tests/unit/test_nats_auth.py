@@ -81,10 +81,12 @@ def test_a_service_publishes_a_power_event_only_if_it_owns_it(service, etype, ws
 
 
 def test_every_user_subscribes_only_to_its_own_inbox():
-    tables = {"gateway": A.service_permissions("gateway"), "w_a": A.worker_permissions("a"),
+    tables = {"scheduler": A.service_permissions("scheduler"), "w_a": A.worker_permissions("a"),
               "p_w_1": A.publisher_permissions("w", "1")}
     for tag, perms in tables.items():
         assert perms["sub"]["allow"] == [f"_INBOX_{tag}.>"]
+    # the gateway also answers the pool controller's cluster requests (core NATS, never the log)
+    assert A.service_permissions("gateway")["sub"]["allow"] == ["_INBOX_gateway.>", "levers9rpc.cluster.>"]
 
 
 @pytest.mark.parametrize(("pattern", "subj", "hit"), [

@@ -5,6 +5,7 @@ gateway are fakes; nothing here reads a projection."""
 
 from __future__ import annotations
 
+import base64
 import io
 import tarfile
 from pathlib import Path
@@ -17,6 +18,7 @@ from levers9.contracts import envelope
 from levers9.contracts import events as E
 from levers9.contracts.envelope import Message, decode, encode
 from levers9.contracts.spec import CheckpointRef, Code, DeploymentSpec, Resources
+from levers9.runtime import sealing
 from levers9.runtime.config import Settings
 from levers9.runtime.consumer import Delivery
 from levers9.worker import checkpointing
@@ -67,10 +69,14 @@ class FakeRuntime:
         return self.tmp / f"{container_id}.log"
 
 
+RING = sealing.dump_keyring(sealing.rotated(None))
+
+
 @pytest.fixture
 def worker(tmp_path) -> WorkerService:
+    # a worker of the platform's machine: it holds the secrets keyring (it opens sealed checkpoints)
     w = WorkerService(Settings(home=str(tmp_path), worker_id="w1", image_cache=str(tmp_path / "cache"),
-                               gateway_url="http://gateway.test", worker_token="t0k"))
+                               gateway_url="http://gateway.test", worker_token="t0k", secret_key=RING))
     w.bus = FakeBus()
     w.runtime = FakeRuntime(tmp_path)
     w.ready.set()
@@ -100,9 +106,9 @@ async def settle(w: WorkerService) -> None:
             await c.task
 
 
-@pytest.fixture
-def gateway(monkeypatch, tmp_path):
-    """The gateway's code route, answering with a tiny archive; records what it was asked."""
+def fake_gateway(monkeypatch, key_reply: dict | None = None) -> list[httpx.Request]:
+    """The gateway's code route, answering with a tiny archive, and its checkpoint-key route answering
+    key_reply["status"] with key_reply["body"]; records what it was asked."""
     asked: list[httpx.Request] = []
     archive = io.BytesIO()
     with tarfile.open(fileobj=archive, mode="w:gz") as tar:
@@ -113,12 +119,28 @@ def gateway(monkeypatch, tmp_path):
 
     def answer(request: httpx.Request) -> httpx.Response:
         asked.append(request)
+        if key_reply is not None and request.url.path.endswith("/checkpoint-key"):
+            return httpx.Response(key_reply["status"], json=key_reply["body"])
         return httpx.Response(200, content=archive.getvalue())
 
     real = httpx.AsyncClient
     monkeypatch.setattr(worker_service.httpx, "AsyncClient",
-                        lambda **kw: real(transport=httpx.MockTransport(answer), **kw))
+                        lambda **kw: real(**{**kw, "transport": httpx.MockTransport(answer)}))
     return asked
+
+
+@pytest.fixture
+def gateway(monkeypatch):
+    return fake_gateway(monkeypatch)
+
+
+def restores_into(monkeypatch, seen: list, what=lambda checkpoint, data_key: checkpoint) -> None:
+    """checkpointing.restore restores at once, recording `what` of each call."""
+    async def restore(runtime, cspec, checkpoint, cache_url, data_key=None):
+        seen.append(what(checkpoint, data_key))
+        return await runtime.restore(cspec, Path("/blob"))
+
+    monkeypatch.setattr(checkpointing, "restore", restore)
 
 
 async def test_a_placement_starts_from_the_event_alone(worker, gateway):
@@ -174,13 +196,8 @@ async def test_placements_of_other_workers_are_not_ours(worker, gateway):
 
 async def test_a_placement_with_a_checkpoint_restores_it(worker, gateway, monkeypatch):
     ref = CheckpointRef(checkpoint_id="ck1", sha256="cd" * 32, bucket="levers9-acme", key="checkpoints/ck1.tar")
-    asked = []
-
-    async def restore(runtime, cspec, checkpoint, cache_url):
-        asked.append(checkpoint)
-        return await runtime.restore(cspec, Path("/blob"))
-
-    monkeypatch.setattr(checkpointing, "restore", restore)
+    asked: list = []
+    restores_into(monkeypatch, asked)
     await worker.on_container_event(delivery(scheduled(checkpoint=ref), seq=9))
     await settle(worker)
     assert asked == [ref] and worker.runtime.started == []
@@ -191,7 +208,7 @@ async def test_a_placement_with_a_checkpoint_restores_it(worker, gateway, monkey
 async def test_a_failed_restore_is_marked_and_starts_cold(worker, gateway, monkeypatch):
     ref = CheckpointRef(checkpoint_id="ck1", sha256="cd" * 32, bucket="b", key="k")
 
-    async def restore(runtime, cspec, checkpoint, cache_url):
+    async def restore(runtime, cspec, checkpoint, cache_url, data_key=None):
         raise checkpointing.RestoreError("the node cache could not get the checkpoint: refused")
 
     monkeypatch.setattr(checkpointing, "restore", restore)
@@ -202,6 +219,66 @@ async def test_a_failed_restore_is_marked_and_starts_cold(worker, gateway, monke
     [started] = published(worker, E.ContainerStarted)
     assert started.restored_from == "" and started.note.startswith("cold: restore of ck1 failed")
     assert len(worker.runtime.started) == 1
+
+
+def keyless_gateway(monkeypatch, worker, reply: dict) -> list[httpx.Request]:
+    """A worker without the keyring (a Kubernetes pool's, an attached cluster's) and the fake gateway."""
+    worker.settings = worker.settings.with_(secret_key="")
+    return fake_gateway(monkeypatch, reply)
+
+
+async def test_a_worker_without_the_keyring_restores_with_the_key_the_gateway_gives_for_that_checkpoint(
+        worker, monkeypatch):
+    ref = CheckpointRef(checkpoint_id="ck1", sha256="cd" * 32, bucket="b", key="k")
+    key = bytes(range(32))
+    asked = keyless_gateway(monkeypatch, worker, {"status": 200, "body": {"data_key": base64.b64encode(key).decode()}})
+    keys: list = []
+    restores_into(monkeypatch, keys, lambda checkpoint, data_key: data_key)
+    await worker.on_container_event(delivery(scheduled(checkpoint=ref), seq=9))
+    await settle(worker)
+    assert keys == [key]
+    [started] = published(worker, E.ContainerStarted)
+    assert started.restored_from == "ck1"
+    [request] = [r for r in asked if r.url.path.endswith("/checkpoint-key")]
+    assert request.url.path == "/api/v1/internal/deployments/hello-1/checkpoint-key"
+    assert dict(request.url.params) == {"workspace": "acme", "container_id": "c1", "seq": "9", "checkpoint_id": "ck1"}
+    assert request.headers["authorization"] == "Bearer t0k"
+
+
+async def test_a_worker_without_the_keyring_starts_cold_and_blames_no_checkpoint_when_no_key_comes(
+        worker, monkeypatch):
+    """The gateway refuses (or gives something that is no AES-256 key): the worker starts cold, says
+    why, and leaves the checkpoint usable by the workers that can open it."""
+    ref = CheckpointRef(checkpoint_id="ck1", sha256="cd" * 32, bucket="b", key="k")
+
+    async def restore(runtime, cspec, checkpoint, cache_url, data_key=None):
+        raise AssertionError("tried to restore without a key")
+
+    monkeypatch.setattr(checkpointing, "restore", restore)
+    reply: dict = {}
+    keyless_gateway(monkeypatch, worker, reply)
+    for status, body, why in ((404, {"detail": "no stored checkpoint ck1"}, "(404)"),
+                              (200, {"data_key": base64.b64encode(b"short").decode()}, "5-byte key")):
+        reply.update(status=status, body=body)
+        await worker.on_container_event(delivery(scheduled(cid=f"c{status}", checkpoint=ref), seq=9))
+        await settle(worker)
+        started = published(worker, E.ContainerStarted)[-1]
+        assert started.restored_from == "" and "holds no keyring" in started.note and why in started.note
+    assert published(worker, E.CheckpointFailed) == []
+    assert len(worker.runtime.started) == 2
+
+
+async def test_a_worker_without_the_keyring_needs_no_key_for_a_checkpoint_its_node_holds(worker, monkeypatch):
+    ref = CheckpointRef(checkpoint_id="ck1", sha256="cd" * 32, bucket="b", key="k")
+    asked = keyless_gateway(monkeypatch, worker, {"status": 500, "body": {"detail": "not asked"}})
+    worker.cache.root.mkdir(parents=True, exist_ok=True)
+    (worker.cache.root / ref.sha256).write_bytes(b"a dump this node made or filled")
+    keys: list = []
+    restores_into(monkeypatch, keys, lambda checkpoint, data_key: data_key)
+    await worker.on_container_event(delivery(scheduled(checkpoint=ref), seq=9))
+    await settle(worker)
+    assert keys == [None] and published(worker, E.ContainerStarted)[0].restored_from == "ck1"
+    assert not [r for r in asked if r.url.path.endswith("/checkpoint-key")]
 
 
 # ---- dumps: the policy decides, the claim makes it one per version, every outcome is an event --------

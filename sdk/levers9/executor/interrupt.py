@@ -8,6 +8,12 @@ time.sleep, the usual way a function waits, is replaced (install()) by a sleep t
 The guard raises at most once per call and only while the call's thread is armed (running user
 code), so the executor's own bookkeeping (a slot, a lock) is never interrupted half-way; outside
 that region the call's thread checks `reason` itself.
+
+A pending exception is never cleared (PyThreadState_SetAsyncExc with NULL) nor left behind in a
+thread that stops running Python: either leaves CPython 3.11's eval breaker set with no thread to
+reset it, and then every function entry under a tracer (coverage, a debugger, Hypothesis) loops
+for ever (seen: a test process stuck at 100% CPU). disarm lets it fire in the call's thread and
+drops it there.
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ class Guard:
         self.wake = threading.Event()  # set on stop: wakes the call's time.sleep
         self.thread_id: int | None = None  # the call's thread while armed
         self.hooks: list[Callable[[], None]] = []  # run on stop (kill a pip install)
+        self.sent = False  # CallCancelled was made pending in the call's thread (delivered by disarm at last)
 
     def stop(self, reason: str) -> bool:
         """Stop the call (the first reason wins); False when it was already stopped."""
@@ -45,6 +52,7 @@ class Guard:
             self.reason = reason
             if self.thread_id is not None:
                 _set_async_exc(self.thread_id, CallCancelled)
+                self.sent = True
             hooks = list(self.hooks)
         self.wake.set()
         for hook in hooks:
@@ -68,7 +76,8 @@ class Guard:
             _guards[self.thread_id] = self
 
     def disarm(self) -> None:
-        """No exception is raised in the call's thread after this; one still pending is dropped.
+        """No exception is raised in the call's thread after this; one still pending fires here and
+        is dropped (call it in the call's thread).
 
         A pending CallCancelled may still fire on the way in, before the lock is taken: the caller
         catches it (there is never a second one, stop raises once)."""
@@ -76,14 +85,27 @@ class Guard:
             thread_id, self.thread_id = self.thread_id, None
             if thread_id is not None:
                 _guards.pop(thread_id, None)
-                if self.reason:
-                    _set_async_exc(thread_id, None)
+            sent, self.sent = self.sent, False
+        if sent:
+            _deliver_pending()
 
 
-def _set_async_exc(thread_id: int, exc_type: type[BaseException] | None) -> None:
-    """Make exc_type pending in that thread; None drops a pending one (NULL, not Py_None)."""
-    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread_id),
-                                               ctypes.py_object(exc_type) if exc_type is not None else None)
+def _set_async_exc(thread_id: int, exc_type: type[BaseException]) -> None:
+    """Make exc_type pending in that thread: it fires at that thread's next eval-breaker check."""
+    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread_id), ctypes.py_object(exc_type))
+
+
+def _tick() -> None:
+    """A function entry: the interpreter checks its eval breaker there."""
+
+
+def _deliver_pending() -> None:
+    """Let this thread's pending CallCancelled (if it has not fired yet) fire here, and drop it."""
+    try:
+        for _ in range(8):
+            _tick()
+    except CallCancelled:
+        pass
 
 
 def sleep(seconds: Any) -> None:

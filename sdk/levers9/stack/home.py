@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator, NamedTuple
 
-from .procs import Progress, StackError, log_tail
+from .procs import Progress, StackError, log_tail, port_taken
 
 if TYPE_CHECKING:
     from levers9.runtime.config import Settings
@@ -164,7 +164,7 @@ class Home:
     def start_error(self, name: str, why: str, offset: int) -> StackError:
         log = self.log_path(name)
         tail = log_tail(log, offset)
-        if "address already in use" in tail.lower():
+        if port_taken(tail):
             todo = "a port it needed was taken meanwhile; run `levers9 up` again, it picks new ports."
         else:
             todo = f"fix the cause shown above (full log: {log}) and run `levers9 up` again."

@@ -36,6 +36,7 @@ def launch(home: Home, settings: Settings, progress: Progress) -> Launch:
     elif account:  # a directory above may have lost o+x since (pytest resets its temporary root to 0700)
         _make_traversable(data)
     _remove_stale_postmaster_pid(data, progress)
+    _allow_hosts(data, settings.hosts_subnet)
     port = free_port()
     sockets = socket_dir(home.path)
     sockets.mkdir(mode=0o700, exist_ok=True)
@@ -161,6 +162,17 @@ def _initdb(home: Home, data: Path, account: Account | None, progress: Progress)
                          f"{log}:\n{log_tail(log, 0)}\n"
                          f"What to do: fix the cause shown above and run `levers9 up` again.")
     fresh.rename(data)
+
+
+def _allow_hosts(data: Path, hosts_subnet: str) -> None:
+    """Workers running as hosts (pool backend netns) reach postgres through the underlay's published
+    port (DNAT to 127.0.0.1: it still listens on loopback only), from their own addresses: trust them
+    as loopback is trusted. Nothing else can reach it there (levers9.runtime.hosts)."""
+    hba = data / "pg_hba.conf"
+    line = f"host    all             all             {hosts_subnet}          trust  # levers9 hosts\n"
+    if hosts_subnet and hba.exists() and line not in hba.read_text():
+        with hba.open("a") as f:
+            f.write(line)
 
 
 def _remove_stale_postmaster_pid(data: Path, progress: Progress) -> None:

@@ -23,7 +23,13 @@ from urllib.parse import urlsplit
 
 import psutil
 
-LOCALHOST = "127.0.0.1"
+# re-exported: the launchers look free_ports up on this module (a test hands out a taken port)
+from levers9.runtime.ports import LOCALHOST as LOCALHOST
+from levers9.runtime.ports import PORT_FLOOR as PORT_FLOOR
+from levers9.runtime.ports import claim_port as claim_port
+from levers9.runtime.ports import ephemeral_range as ephemeral_range
+from levers9.runtime.ports import free_port as free_port
+from levers9.runtime.ports import free_ports as free_ports
 
 Progress = Callable[[str], None]
 
@@ -39,19 +45,9 @@ def quiet(_: str) -> None:
 # ---- ports ----------------------------------------------------------------------------------------
 
 
-def free_port(host: str = LOCALHOST) -> int:
-    return free_ports(1, host)[0]
-
-
-def free_ports(count: int, host: str = LOCALHOST) -> list[int]:
-    """`count` distinct free ports: all sockets are held until every port is chosen."""
-    with contextlib.ExitStack() as stack:
-        ports = []
-        for _ in range(count):
-            sock = stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
-            sock.bind((host, 0))
-            ports.append(sock.getsockname()[1])
-        return ports
+def port_taken(text: str) -> bool:
+    """Whether a server's failure (its message or log) says a port it needed was taken."""
+    return "address already in use" in text.lower()
 
 
 def port_of(url: str) -> int | None:

@@ -88,7 +88,8 @@ def _port(root: Path) -> int:
             # as Go's listener does: connections of the last run in TIME_WAIT do not make it taken
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             sock.bind((LOCALHOST, last))
-        return last
+        if procs.claim_port(last):
+            return last
     return procs.free_port()  # looked up on the module: a test hands out a taken port
 
 

@@ -39,6 +39,7 @@ from .procs import (
     http_status,
     live_process,
     port_of,
+    port_taken,
     quiet,
     quietly,
     terminate,
@@ -178,9 +179,9 @@ class Stack:
                         state["components"][name] = entry
                     else:
                         launches.append(LAUNCHERS[name].launch(self.files, self.settings, progress))
-                for launch in launches:
-                    self._finish_launch(launch, progress)
-                    state["components"][launch.name] = launch.entry
+                for i, launch in enumerate(launches):
+                    launches[i] = self._finish_or_relaunch(launch, progress)
+                    state["components"][launch.name] = launches[i].entry
             except BaseException:
                 self._abandon(launches, progress)
                 raise
@@ -213,6 +214,21 @@ class Stack:
             after(launch, progress)
         progress(f"{launch.name}: ready at {launch.entry['url']} (pid {launch.proc.pid}, "
                  f"{time.monotonic() - started:.1f} s more)")
+
+    def _finish_or_relaunch(self, launch: Launch, progress: Progress) -> Launch:
+        """Wait for `launch`; a server that lost one of its ports to another process between their
+        choice and its bind is started once more, on new ports, instead of failing `levers9 up`."""
+        try:
+            self._finish_launch(launch, progress)
+            return launch
+        except StackError as err:
+            if not port_taken(str(err)):
+                raise
+        progress(f"{launch.name}: a port it needed was taken meanwhile; starting it again on new ports")
+        self._stop_server(launch.name, progress)
+        again = LAUNCHERS[launch.name].launch(self.files, self.settings, progress)
+        self._finish_launch(again, progress)
+        return again
 
     def _abandon(self, launches: list[Launch], progress: Progress) -> None:
         """Stop what a failed start_servers started, so a failure leaves nothing half up."""
@@ -397,6 +413,7 @@ class Stack:
             if extra:
                 progress(f"stopping {len(extra)} worker(s) the pool controller started")
                 terminate_all(extra, signal.SIGTERM, self.stop_timeout)
+            self._remove_hosts(progress)
             for name in ("registry", "s3", "nats", "postgres"):
                 self._stop_server(name, progress)
             for proc in self._strays((*SERVERS, *services)):
@@ -408,6 +425,21 @@ class Stack:
                 raise StackError(f"processes {left} of {self.home} are still alive after `down`; "
                                  f"stop them with `kill -9 {' '.join(map(str, left))}`.")
             progress("everything is stopped; data is kept in " + str(self.home))
+
+    def _remove_hosts(self, progress: Progress) -> None:
+        """The host namespaces of this home's netns pools, and the underlay once no host is left."""
+        from levers9.runtime import hosts
+
+        markers = self.home / "hosts" / "live"
+        if not markers.is_dir():
+            return
+        s = self.settings
+        try:
+            removed = hosts.teardown(s.hosts_bridge, s.hosts_subnet, s.hosts_container_supernet, markers)
+        except (hosts.HostsError, OSError) as exc:
+            raise StackError(f"the worker hosts could not be removed: {exc}") from exc
+        if removed:
+            progress(f"removed worker hosts: {', '.join(removed)}")
 
     def _clean_runtime_files(self, state: dict) -> None:
         """Remove what only a running stack needs: the servers' sockets, the state."""
