@@ -2,7 +2,8 @@
 
 Small bodies are read whole (no chunked re-encoding); large or unsized ones stream both ways. The
 hop owns the router slot it is given: it is released exactly once, when the answer has been sent
-(or when forwarding failed).
+(or when forwarding failed). A container that cannot be connected to raises Unreached, so that the
+caller may send the call elsewhere.
 """
 
 from __future__ import annotations
@@ -23,6 +24,14 @@ HOP_BY_HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authoriza
 CONNECT_S = 10.0  # a ready container accepts at once; a host cut off would hold the call for its whole timeout
 WHOLE_ANSWER_BYTES = 1 << 20  # answers up to this size are read whole, larger ones streamed
 CHUNK = 65536
+
+
+class Unreached(Exception):
+    """The container could not be connected to (refused, unreachable, connect timeout): the call was
+    never delivered, so it may go to another container."""
+
+
+NOT_DELIVERED = (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError)
 
 
 def forward_headers(headers: Any) -> dict[str, str]:
@@ -56,6 +65,9 @@ async def forward(session: aiohttp.ClientSession, request: Request, address: str
         resp = await session.request(request.method, target_url(address, subpath, request.url.query),
                                      headers=forward_headers(request.headers), data=body,
                                      timeout=aiohttp.ClientTimeout(total=timeout, sock_connect=CONNECT_S))
+    except NOT_DELIVERED as exc:
+        await router.release(slot)
+        raise Unreached(f"the container did not answer: {type(exc).__name__}: {exc}") from exc
     except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
         await router.release(slot)
         return JSONResponse({"detail": f"the container did not answer: {type(exc).__name__}: {exc}"},

@@ -8,6 +8,7 @@ picks from this deployment version's stored checkpoints, or starts cold and says
 
 from __future__ import annotations
 
+import logging
 import re
 from dataclasses import dataclass
 from typing import Sequence
@@ -100,6 +101,8 @@ async def resolve(gw: GatewayState, workspace: str, name: str, rest: str) -> tup
     return dep, target.rest
 
 
+log = logging.getLogger(__name__)
+
 STOPPING_HEADER = "X-Levers9-Stopping"  # levers9.runner.server.STOPPING_HEADER
 STOPPING_RETRIES = 3
 
@@ -121,10 +124,12 @@ async def invoke(gw: GatewayState, request: Request, caller: Caller, name: str, 
         return event.container_id
 
     # a container that began stopping between being chosen and being reached answers 503 with
-    # STOPPING_HEADER and reads no call: it is dropped from the router and the call goes to another
-    # one (a sized body is kept by Starlette and sent again; a streamed one cannot be)
+    # STOPPING_HEADER and reads no call; one that already ended (or is cut off) refuses the connection
+    # before the gateway has heard of its end. Either way the call was not delivered: the container is
+    # dropped from the router and the call goes to another one (a sized body is kept by Starlette and
+    # sent again; a streamed one cannot be)
     replayable = "transfer-encoding" not in request.headers
-    for _attempt in range(1 + (STOPPING_RETRIES if replayable else 0)):
+    for attempt in range(1 + (STOPPING_RETRIES if replayable else 0)):
         try:
             slot = await router_.acquire(timeout, request_container)
         except NoCapacity as exc:
@@ -133,8 +138,15 @@ async def invoke(gw: GatewayState, request: Request, caller: Caller, name: str, 
         except StartFailed as exc:
             return JSONResponse({"detail": f"the container for {name!r} failed to start: {exc}",
                                  "correlation_id": correlation}, status_code=502)
-        response = await proxy.forward(gw.session, request, slot.address, subpath, timeout,
-                                       gw.settings.max_body_bytes, router_, slot)
+        try:
+            response = await proxy.forward(gw.session, request, slot.address, subpath, timeout,
+                                           gw.settings.max_body_bytes, router_, slot)
+        except proxy.Unreached as exc:
+            log.warning("container %s at %s: %s; the call goes elsewhere", slot.container_id, slot.address, exc)
+            await router_.update(slot.container_id, "unreachable")
+            if attempt == STOPPING_RETRIES or not replayable:
+                return JSONResponse({"detail": str(exc), "correlation_id": correlation}, status_code=502)
+            continue
         if response.status_code != 503 or STOPPING_HEADER.lower() not in response.headers:
             break
         await router_.update(slot.container_id, "stopping")

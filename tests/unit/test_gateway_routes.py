@@ -340,3 +340,67 @@ async def test_a_worker_without_the_keyring_gets_the_data_key_of_its_placed_depl
         gw.pool.answer("SELECT c.worker_id, d.spec", [{"worker_id": "w2", "spec": spec_json()}])
         r = await c.get(url, params=asked)  # its container is placed on another worker
         assert r.status_code == 404 and "not placed on worker w1" in r.json()["detail"]
+
+
+async def test_a_call_to_a_container_that_refuses_the_connection_goes_to_another_one(gw):
+    """A container that ended before the gateway heard of it refuses the connection: the call was never
+    delivered, so it is sent to another ready container, and the refusing one takes no more calls."""
+    import socket
+
+    from aiohttp import ClientSession, web
+
+    async def answer(request: web.Request) -> web.Response:
+        return web.json_response({"body": (await request.read()).decode()})
+
+    app = web.Application()
+    app.router.add_post("/x", answer)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    alive = f"http://127.0.0.1:{runner.addresses[0][1]}"
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        ended = f"http://127.0.0.1:{s.getsockname()[1]}"
+    dep = {"workspace": "default", "deployment_id": "hello-v1", "name": "hello", "version": 1, "status": "active",
+           "spec": spec_json(timeout_seconds=5)}
+    gw.pool.answer("AND status='active' ORDER BY version DESC", [dep])
+    gw.pool.answer("AND deployment_id=$2 AND status NOT IN", [
+        {"container_id": "c-ended", "status": "ready", "address": ended},
+        {"container_id": "c-alive", "status": "ready", "address": alive}])
+    gw.session = ClientSession()
+    try:
+        async with client(gw) as c:
+            for n in range(2):
+                r = await c.post("/endpoint/hello/x", content=f"call {n}")
+                assert r.status_code == 200, r.text
+                assert r.json() == {"body": f"call {n}"} and r.headers["x-levers9-container-id"] == "c-alive"
+        router = gw.routers["default/hello-v1"]
+        assert list(router.containers) == ["c-alive"] and router.containers["c-alive"].inflight == 0
+        assert gw.bus.events() == []  # no new container was asked for
+    finally:
+        await gw.session.close()
+        await runner.cleanup()
+
+
+async def test_a_call_whose_every_container_refuses_the_connection_fails_with_502_and_why(gw):
+    import socket
+
+    from aiohttp import ClientSession
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        ended = f"http://127.0.0.1:{s.getsockname()[1]}"
+    dep = {"workspace": "default", "deployment_id": "hello-v1", "name": "hello", "version": 1, "status": "active",
+           "spec": spec_json(timeout_seconds=1)}
+    gw.pool.answer("AND status='active' ORDER BY version DESC", [dep])
+    gw.pool.answer("AND deployment_id=$2 AND status NOT IN",
+                   [{"container_id": f"c{n}", "status": "ready", "address": ended} for n in range(4)])
+    gw.session = ClientSession()
+    try:
+        async with client(gw) as c:
+            r = await c.post("/endpoint/hello", content="x")
+        assert r.status_code == 502 and "did not answer: ClientConnectorError" in r.json()["detail"]
+        assert r.json()["correlation_id"] and gw.routers["default/hello-v1"].containers == {}
+    finally:
+        await gw.session.close()
