@@ -10,7 +10,7 @@ import asyncio
 import contextlib
 import json
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
 from levers9.executor import wire
 
@@ -34,6 +34,7 @@ class Outcome:
     traceback: str = ""
     reason: str = ""  # a platform failure: timed out, cancelled, the sandbox died
     lost: bool = False  # the connection broke: the sandbox may be dead (its status says why)
+    undelivered: bool = False  # the call never reached the executor: it may go to another sandbox
     header: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -48,8 +49,8 @@ class Outcome:
         return "failed" if self.reason else "error"
 
 
-def failed(reason: str, lost: bool = False) -> Outcome:
-    return Outcome(ok=False, reason=reason, lost=lost)
+def failed(reason: str, lost: bool = False, undelivered: bool = False) -> Outcome:
+    return Outcome(ok=False, reason=reason, lost=lost, undelivered=undelivered)
 
 
 def relay_target(address: str) -> tuple[str, int, bytes]:
@@ -62,27 +63,33 @@ def relay_target(address: str) -> tuple[str, int, bytes]:
 
 
 async def attempt(address: str, header: dict[str, Any], body: bytes, sink: Sink, timeout: float,
-                  cancel: asyncio.Event) -> Outcome:
-    """Run the call once in the sandbox at `address`; never raises for the sandbox's failures."""
+                  cancel: asyncio.Event, on_sent: Callable[[], None] = lambda: None) -> Outcome:
+    """Run the call once in the sandbox at `address`; never raises for the sandbox's failures.
+    `on_sent` runs once the executor has said hello, just before the call is sent to it. A failure
+    before that (no connection, the relay's refusal, no hello) is `undelivered`: the executor never
+    saw the call (a sandbox that ended before the gateway heard of it, say)."""
     try:
         host, port, line = relay_target(address)
         reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port, limit=1 << 22),
                                                 CONNECT_TIMEOUT_S)
     except (OSError, ValueError, asyncio.TimeoutError) as exc:
-        return failed(f"could not reach the sandbox: {exc}", lost=True)
+        return failed(f"could not reach the sandbox: {exc}", lost=True, undelivered=True)
+    sent = False
     try:
         writer.write(line)
         hello, _ = await asyncio.wait_for(wire.aread_frame(reader), CONNECT_TIMEOUT_S)
         if hello.get("kind") == "error":
-            return failed(f"the worker refused the call: {hello.get('error')}", lost=True)
-        wire.check_hello(hello)
+            return failed(f"the worker refused the call: {hello.get('error')}", lost=True, undelivered=True)
+        wire.check_hello(hello)  # an executor of another generation: every sandbox of this image says the same
+        on_sent()
+        sent = True
         writer.write(wire.encode(header, body))
         await writer.drain()
         return await _answers(reader, writer, sink, timeout, cancel)
     except wire.ProtocolError as exc:
         return failed(f"the sandbox broke the call: {exc}", lost=True)
     except (OSError, asyncio.TimeoutError) as exc:
-        return failed(f"the connection to the sandbox broke: {exc!r}", lost=True)
+        return failed(f"the connection to the sandbox broke: {exc!r}", lost=True, undelivered=not sent)
     finally:
         writer.close()
         with contextlib.suppress(Exception):

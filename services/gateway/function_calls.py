@@ -11,6 +11,7 @@ latency never waits for the log.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from dataclasses import dataclass, field
@@ -31,6 +32,7 @@ BACKOFF_MAX_S = 10.0
 DEATH_WAIT_S = 3.0  # after a connection broke: how long to wait for the sandbox's own failure event
 MIN_CAPACITY_WAIT_S = 180.0  # a cold sandbox may need an image and a worker first
 SPAWNED_KEPT_S = 3600.0
+UNDELIVERED_TRIES = 4  # sandboxes tried in one attempt while each refuses the call before it runs
 
 
 @dataclass
@@ -108,21 +110,31 @@ class Calls:
         raise AssertionError("unreachable")
 
     async def once(self, plan: Plan, call_id: str, n: int, args: bytes, sink: Sink, cancel: asyncio.Event) -> Outcome:
-        try:
-            slot = await plan.router.acquire(max(plan.timeout, MIN_CAPACITY_WAIT_S), plan.request_container)
-        except NoCapacity as exc:
-            return failed(f"no capacity: {exc}")
-        except StartFailed as exc:
-            return failed(f"the sandbox failed to start: {exc}")
-        self.record(E.FunctionCallStarted(
-            call_id=call_id, deployment_id=plan.dep.deployment_id, function=plan.function, token_id=plan.token_id,
-            attempt=n, container_id=slot.container_id, mode=plan.mode, session_id=plan.session_id), plan)
+        """One attempt. A sandbox the call could not be delivered to (it ended before the gateway heard
+        of it, or its worker refuses it) is dropped from the router and the call goes to another one,
+        within the same attempt: the function never ran."""
         header = {**plan.header, "call_id": call_id}
-        try:
-            outcome = await attempt(slot.address, header, plan.function_bytes + args, sink, plan.timeout, cancel)
-        finally:
-            await plan.router.release(slot)
-        if outcome.lost:
+        for _ in range(UNDELIVERED_TRIES):
+            try:
+                slot = await plan.router.acquire(max(plan.timeout, MIN_CAPACITY_WAIT_S), plan.request_container)
+            except NoCapacity as exc:
+                return failed(f"no capacity: {exc}")
+            except StartFailed as exc:
+                return failed(f"the sandbox failed to start: {exc}")
+            started = E.FunctionCallStarted(
+                call_id=call_id, deployment_id=plan.dep.deployment_id, function=plan.function, token_id=plan.token_id,
+                attempt=n, container_id=slot.container_id, mode=plan.mode, session_id=plan.session_id)
+            try:
+                outcome = await attempt(slot.address, header, plan.function_bytes + args, sink, plan.timeout, cancel,
+                                        on_sent=functools.partial(self.record, started, plan))
+            finally:
+                await plan.router.release(slot)
+            if not outcome.undelivered or cancel.is_set():
+                break
+            log.warning("call %s was not delivered to %s (%s); it goes to another sandbox", call_id,
+                        slot.container_id, outcome.reason)
+            await plan.router.update(slot.container_id, "unreachable")
+        if outcome.lost and not outcome.undelivered:
             outcome = await self.why_lost(plan, slot.container_id, outcome)
         return outcome
 

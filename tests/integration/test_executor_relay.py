@@ -4,11 +4,16 @@ socket server speaking the wire protocol, named as a fake) stands in for a sandb
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
+
+import pytest
 
 from levers9.executor import wire
 from levers9.executor.wire import relay_address
 from levers9.gateway.executor_client import attempt
+from levers9.gateway.function_calls import Calls, Plan
+from levers9.gateway.router import DeploymentRouter
 from levers9.worker.executor_relay import Relay
 
 
@@ -54,10 +59,10 @@ async def test_a_call_goes_through_the_relay_to_the_executor_and_back(tmp_path):
     executor = await fake_executor(sock)
     relay = Relay({"c1": sock}.get)
     server, port = await relay_server(relay)
-    seen = Seen()
+    seen, sent = Seen(), []
     outcome = await attempt(relay_address("127.0.0.1", port, "c1", relay.key("c1")), {"kind": "call"}, b"abc",
-                            seen, 10.0, asyncio.Event())
-    assert outcome.ok and outcome.value == b"cba"
+                            seen, 10.0, asyncio.Event(), on_sent=lambda: sent.append(1))
+    assert outcome.ok and outcome.value == b"cba" and sent == [1] and not outcome.undelivered
     assert seen.out == [(1, "got 3 bytes\n")] and seen.items == [b"one"]
     server.close()
     executor.close()
@@ -68,11 +73,15 @@ async def test_the_relay_refuses_a_wrong_key_or_an_unknown_container(tmp_path):
     server, port = await relay_server(relay)
     wrong = await attempt(relay_address("127.0.0.1", port, "c1", "0" * 32), {"kind": "call"}, b"", Seen(), 5.0,
                           asyncio.Event())
-    assert not wrong.ok and "wrong key" in wrong.reason
+    assert not wrong.ok and "wrong key" in wrong.reason and wrong.undelivered
     unknown = await attempt(relay_address("127.0.0.1", port, "c1", relay.key("c1")), {"kind": "call"}, b"",
                             Seen(), 5.0, asyncio.Event())
-    assert not unknown.ok and "not a ready function sandbox" in unknown.reason
+    assert not unknown.ok and "not a ready function sandbox" in unknown.reason and unknown.undelivered
     server.close()
+    await server.wait_closed()
+    gone = await attempt(relay_address("127.0.0.1", port, "c1", relay.key("c1")), {"kind": "call"}, b"",
+                         Seen(), 5.0, asyncio.Event(), on_sent=lambda: pytest.fail("nothing was sent"))
+    assert not gone.ok and "could not reach the sandbox" in gone.reason and gone.undelivered
 
 
 async def test_an_executor_of_another_generation_is_refused_with_what_to_do(tmp_path):
@@ -83,6 +92,7 @@ async def test_an_executor_of_another_generation_is_refused_with_what_to_do(tmp_
     outcome = await attempt(relay_address("127.0.0.1", port, "c1", relay.key("c1")), {"kind": "call"}, b"",
                             Seen(), 5.0, asyncio.Event())
     assert not outcome.ok and "generation 99" in outcome.reason and "upgrade" in outcome.reason
+    assert not outcome.undelivered  # every sandbox of that image would say the same: not tried elsewhere
     server.close()
     executor.close()
 
@@ -97,5 +107,38 @@ async def test_a_cancel_reaches_the_executor_and_its_answer_comes_back(tmp_path)
     outcome = await attempt(relay_address("127.0.0.1", port, "c1", relay.key("c1")), {"kind": "call"}, b"",
                             Seen(), 30.0, cancel)
     assert not outcome.ok and outcome.reason == "cancelled" and outcome.kind == "cancelled"
+    server.close()
+    executor.close()
+
+
+async def test_a_call_refused_by_a_sandbox_that_ended_goes_to_another_sandbox_in_the_same_attempt(tmp_path):
+    """A sandbox that ended before the gateway heard of it: its worker's relay refuses the call (or
+    nothing listens any more). The function never ran there, so the call goes to the next sandbox,
+    and the log has one Started, naming the sandbox that ran it."""
+    from levers9.contracts import events as E
+    from levers9.contracts.spec import decode_spec
+    from levers9.gateway.state import Deployment
+
+    sock = tmp_path / "executor.sock"
+    executor = await fake_executor(sock)
+    relay = Relay({"c-alive": sock}.get)
+    server, port = await relay_server(relay)
+    router = DeploymentRouter("fn-v1", concurrency=1, max_containers=3)
+    await router.update("c-ended", "ready", relay_address("127.0.0.1", port, "c-ended", relay.key("c-ended")))
+    await router.update("c-alive", "ready", relay_address("127.0.0.1", port, "c-alive", relay.key("c-alive")))
+
+    async def no_new_sandbox() -> str:
+        raise AssertionError("a ready sandbox was there")
+
+    spec = decode_spec(json.dumps({"name": "fn", "code": {"kind": "function", "module": "m", "handler": "f"}}))
+    plan = Plan(dep=Deployment("w", "fn-v1", "fn", 1, "active", spec), function="f", router=router,
+                request_container=no_new_sandbox, header={"kind": "call"}, function_bytes=b"", retries=0,
+                timeout=10.0, workspace="w", token_id="t", correlation_id="k")
+    calls = Calls(gw=None)  # type: ignore[arg-type]  # a delivered call needs nothing of the gateway
+    outcome = await calls.once(plan, "call-1", 1, b"abc", Seen(), asyncio.Event())
+    assert outcome.ok and outcome.value == b"cba"
+    assert list(router.containers) == ["c-alive"] and router.containers["c-alive"].inflight == 0
+    logged = [calls.log_queue.get_nowait()[0] for _ in range(calls.log_queue.qsize())]
+    assert [(type(e), e.container_id) for e in logged] == [(E.FunctionCallStarted, "c-alive")]
     server.close()
     executor.close()
