@@ -16,6 +16,7 @@ from pathlib import Path
 import asyncpg
 import nats
 import pytest
+from nats.js.errors import NotFoundError
 
 from levers9.contracts import Message, envelope, subjects, uuid7
 from levers9.contracts import events as E
@@ -252,7 +253,10 @@ async def test_work_consumer_naks_with_backoff_then_dead_letters(bus):
     await wait_for(done, timeout=20)
 
     async def settled():  # every message acked or terminated: nothing can be redelivered any more
-        info = await bus.js.consumer_info(subjects.STREAM, f"work-{ws}")
+        try:
+            info = await bus.js.consumer_info(subjects.STREAM, f"work-{ws}")
+        except NotFoundError:  # the consumer has not created its durable yet
+            return False
         return info.num_ack_pending == 0 and info.num_pending == 0
 
     await wait_for(settled, timeout=20)
@@ -286,7 +290,10 @@ async def test_work_consumer_keeps_slow_messages_in_hand_and_a_dead_holders_come
         await bus.publish(envelope(E.ContainerRequested(container_id=cid), workspace=ws))
 
     async def settled():
-        info = await bus.js.consumer_info(subjects.STREAM, f"slow-{ws}")
+        try:
+            info = await bus.js.consumer_info(subjects.STREAM, f"slow-{ws}")
+        except NotFoundError:  # the replicas have not created their durable yet
+            return False
         return seen.get("b") == 1 and info.num_ack_pending == 0 and info.num_pending == 0
 
     await wait_for(settled, timeout=20)
@@ -327,7 +334,7 @@ async def test_work_consumer_keeps_slow_messages_in_hand_and_a_dead_holders_come
 async def _ack_pending(bus, durable: str) -> bool:
     try:
         return (await bus.js.consumer_info(subjects.STREAM, durable)).num_ack_pending > 0
-    except nats.js.errors.NotFoundError:  # not created yet
+    except NotFoundError:  # not created yet
         return False
 
 
