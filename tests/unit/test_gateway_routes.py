@@ -7,6 +7,7 @@ import base64
 import contextlib
 import io
 import json
+import socket
 import tarfile
 from typing import Any
 
@@ -342,11 +343,20 @@ async def test_a_worker_without_the_keyring_gets_the_data_key_of_its_placed_depl
         assert r.status_code == 404 and "not placed on worker w1" in r.json()["detail"]
 
 
+def hello_v1_with_nothing_listening(gw: GatewayService, timeout_seconds: int) -> str:
+    """Deployment hello-v1 is active; the answer is an address of a port nothing listens on."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        ended = f"http://127.0.0.1:{s.getsockname()[1]}"
+    dep = {"workspace": "default", "deployment_id": "hello-v1", "name": "hello", "version": 1, "status": "active",
+           "spec": spec_json(timeout_seconds=timeout_seconds)}
+    gw.pool.answer("AND status='active' ORDER BY version DESC", [dep])
+    return ended
+
+
 async def test_a_call_to_a_container_that_refuses_the_connection_goes_to_another_one(gw):
     """A container that ended before the gateway heard of it refuses the connection: the call was never
     delivered, so it is sent to another ready container, and the refusing one takes no more calls."""
-    import socket
-
     from aiohttp import ClientSession, web
 
     async def answer(request: web.Request) -> web.Response:
@@ -359,12 +369,7 @@ async def test_a_call_to_a_container_that_refuses_the_connection_goes_to_another
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
     alive = f"http://127.0.0.1:{runner.addresses[0][1]}"
-    with socket.socket() as s:  # a port nothing listens on
-        s.bind(("127.0.0.1", 0))
-        ended = f"http://127.0.0.1:{s.getsockname()[1]}"
-    dep = {"workspace": "default", "deployment_id": "hello-v1", "name": "hello", "version": 1, "status": "active",
-           "spec": spec_json(timeout_seconds=5)}
-    gw.pool.answer("AND status='active' ORDER BY version DESC", [dep])
+    ended = hello_v1_with_nothing_listening(gw, timeout_seconds=5)
     gw.pool.answer("AND deployment_id=$2 AND status NOT IN", [
         {"container_id": "c-ended", "status": "ready", "address": ended},
         {"container_id": "c-alive", "status": "ready", "address": alive}])
@@ -384,16 +389,9 @@ async def test_a_call_to_a_container_that_refuses_the_connection_goes_to_another
 
 
 async def test_a_call_whose_every_container_refuses_the_connection_fails_with_502_and_why(gw):
-    import socket
-
     from aiohttp import ClientSession
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        ended = f"http://127.0.0.1:{s.getsockname()[1]}"
-    dep = {"workspace": "default", "deployment_id": "hello-v1", "name": "hello", "version": 1, "status": "active",
-           "spec": spec_json(timeout_seconds=1)}
-    gw.pool.answer("AND status='active' ORDER BY version DESC", [dep])
+    ended = hello_v1_with_nothing_listening(gw, timeout_seconds=1)
     gw.pool.answer("AND deployment_id=$2 AND status NOT IN",
                    [{"container_id": f"c{n}", "status": "ready", "address": ended} for n in range(4)])
     gw.session = ClientSession()
