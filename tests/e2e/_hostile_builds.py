@@ -1,0 +1,1 @@
+"""Hostile-tenant cases: builds (collected through test_hostile_tenant.py, which holds the stack)."""

@@ -1,0 +1,34 @@
+"""A hostile tenant, with an ordinary workspace token, against one `levers9 up` stack (runc, root).
+
+Each case lives in a module named for what it attacks (`_hostile_*.py`) and is collected here, so
+that the cases share one stack: `hostile_env` (workspace `default`, its profile) and
+`hostile_other` (a second workspace). Cases that break the stack on purpose (a worker SIGKILLed)
+start their own. RELIABILITY.md lists every case with what it now gets.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from _e2e import needs_runc, one_worker_stack
+
+pytestmark = pytest.mark.slow
+needs_runc()
+
+APPS = Path(__file__).parent / "apps"
+
+
+@pytest.fixture(scope="module")
+def hostile_env(tmp_path_factory):
+    with one_worker_stack(tmp_path_factory.mktemp("l9hostile"), 2000, 2048) as e:
+        yield e
+
+
+# the cases (pytest orders them by their module's file name, then line); a case that disturbs the
+# stack on purpose (a worker SIGKILLed) starts a stack of its own
+from _hostile_builds import *  # noqa: E402,F401,F403,I001
+from _hostile_burst import *  # noqa: E402,F401,F403
+from _hostile_control_plane import *  # noqa: E402,F401,F403
+from _hostile_fencing import *  # noqa: E402,F401,F403
+from _hostile_input import *  # noqa: E402,F401,F403
