@@ -85,3 +85,58 @@ def dump_choice(spec: DeploymentSpec | None, *, criu_ready: bool, restored: bool
     if claimed_elsewhere:
         return DumpChoice(False, "another worker is dumping this version")
     return DumpChoice(True, "first cold start of this version")
+
+
+# ---- restore failures: whose fault ---------------------------------------------------------------
+# A failed restore always starts cold. Only a fault of the checkpoint itself (its archive is corrupt,
+# gone, or CRIU/the unpack refuses its image) marks it failed for good: a node cache or S3 that does
+# not answer, or a timeout, says nothing about the checkpoint, which stays available and is tried again
+# by the next start. (Seen: a node cache down for a minute marked a checkpoint restored 14 times before
+# `restore_failed` for good.)
+
+NODE_CACHE = "node_cache"  # fetching the archive through this node's content cache
+RUNTIME = "runtime"  # unpacking it and CRIU restoring it
+# what the node cache says of a fill it could not do (its X-Levers9-Fault header)
+CONTENT, MISSING, UNREACHABLE = "content", "missing", "unreachable"
+TRANSIENT_STATUSES = frozenset({408, 425, 429, 500, 502, 503, 504})
+
+
+@dataclass(frozen=True)
+class RestoreFailure:
+    """What went wrong, as plain values (the worker's shell fills it in from the exception)."""
+    stage: str  # NODE_CACHE | RUNTIME
+    answered: bool = True  # False: the node cache (or whatever the stage talks to) never answered
+    timed_out: bool = False
+    status: int = 0  # the node cache's HTTP status
+    fault: str = ""  # the node cache's own word: CONTENT | MISSING | UNREACHABLE | "" (not said)
+    transient_cause: bool = False  # runtime: the error was caused by a connection or a timeout
+
+
+@dataclass(frozen=True)
+class RestoreVerdict:
+    its_own: bool  # True: the checkpoint is at fault (mark it failed); False: transient (keep it)
+    why: str
+
+
+def restore_failure_verdict(f: RestoreFailure) -> RestoreVerdict:
+    """Whose fault a failed restore is, in order:
+    1. nothing answered, or it timed out: transient;
+    2. the node cache said why: the archive's content is wrong (hash, seal) or it is gone from S3 ->
+       the checkpoint's own fault; its source (S3, a peer) is unreachable -> transient;
+    3. the node cache did not say: a status that means "try again" (5xx, 408, 429) is transient,
+       any other refusal (4xx) is the checkpoint's;
+    4. the runtime refused it (unpack, manifest, root, CRIU): the checkpoint's own fault, unless a
+       connection or a timeout caused that error (an image fetched lazily, a slow disk)."""
+    if not f.answered or f.timed_out:
+        return RestoreVerdict(False, "timed out" if f.timed_out else "no answer")
+    if f.stage == NODE_CACHE:
+        if f.fault in (CONTENT, MISSING):
+            return RestoreVerdict(True, f"the node cache refused its archive ({f.fault})")
+        if f.fault == UNREACHABLE:
+            return RestoreVerdict(False, "the archive's source is unreachable")
+        if f.status in TRANSIENT_STATUSES or f.status >= 500:
+            return RestoreVerdict(False, f"the node cache answered {f.status}")
+        return RestoreVerdict(True, f"the node cache refused it ({f.status})")
+    if f.transient_cause:
+        return RestoreVerdict(False, "caused by a connection or a timeout")
+    return RestoreVerdict(True, "the runtime refused its image")

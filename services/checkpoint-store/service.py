@@ -6,7 +6,9 @@ container's environment, secrets included: AES-256-GCM under a fresh data key wr
 secrets keyring's primary KEK, bound to the object's location; levers9.runtime.sealing), checks the
 plaintext's size and sha256, and appends CheckpointStored;
 while S3 is unreachable the checkpoint stays dumped and the event is retried (a transient failure
-for the consumer) until S3 is back, so an outage loses no checkpoint; any other failure ends it with
+for the consumer) until S3 is back, so an outage loses no checkpoint; so is the dumping node's cache
+while it does not answer (or answers 5xx): the dump is there, its node is restarting or cut off for a
+while (seen: two new dumps lost to a node cache down for a minute); any other failure ends it with
 CheckpointFailed (stage upload). A checkpoint of a
 deployment that was deleted meanwhile is refused. CheckpointDeleted removes the object.
 """
@@ -14,8 +16,10 @@ deployment that was deleted meanwhile is refused. CheckpointDeleted removes the 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import logging
+from typing import AsyncIterator
 
 import httpx
 from tenacity import AsyncRetrying, retry_if_not_exception_type, stop_after_attempt, wait_exponential
@@ -38,6 +42,10 @@ UPLOAD_ATTEMPTS = 4
 
 class UploadFailed(Exception):
     pass
+
+
+class NodeCacheUnavailable(ConnectionError):
+    """Transient: the dumping node's cache did not answer; the consumer tries the event again."""
 
 
 class ProjectionBehind(ConnectionError):
@@ -93,6 +101,9 @@ class CheckpointStoreService(Service):
         except S3_UNREACHABLE as exc:
             log.warning("checkpoint %s waits for S3: %s", ev.checkpoint_id, exc)
             raise S3Unavailable(f"S3 is unreachable: {exc}") from exc
+        except NodeCacheUnavailable as exc:
+            log.warning("checkpoint %s waits for its node cache: %s", ev.checkpoint_id, exc)
+            raise
         except Exception as exc:  # noqa: BLE001 - every other failure ends the checkpoint with its reason
             log.warning("checkpoint %s not stored: %s", ev.checkpoint_id, exc)
             await self.bus.publish(caused_by(env, E.CheckpointFailed(
@@ -135,7 +146,9 @@ class CheckpointStoreService(Service):
             upload = await self._retry(lambda: s3.create_multipart_upload(Bucket=bucket, Key=key))
             upload_id = upload["UploadId"]
             try:
-                async with http.stream("GET", location) as r:
+                async with _from_node(http, location) as r:
+                    if r.status_code >= 500:
+                        raise NodeCacheUnavailable(f"the node cache answered {r.status_code} for {location}")
                     if r.status_code != 200:
                         raise UploadFailed(f"the node cache answered {r.status_code} for {location}")
                     buffer = bytearray(sealer.header())
@@ -198,3 +211,15 @@ class CheckpointStoreService(Service):
         except Exception as exc:  # noqa: BLE001 - health reports, never raises
             out["s3"] = f"error: {exc}"
         return out
+
+
+@contextlib.asynccontextmanager
+async def _from_node(http: httpx.AsyncClient, location: str) -> AsyncIterator[httpx.Response]:
+    """The dumping node's blob, streamed; a node cache that does not answer is transient (not the
+    checkpoint's fault: it is tried again, never failed for it)."""
+    try:
+        async with http.stream("GET", location) as r:
+            yield r
+    except httpx.TransportError as exc:
+        raise NodeCacheUnavailable(f"the node cache at {location.split('/blobs/')[0]} did not answer "
+                                   f"({type(exc).__name__}: {exc})") from exc

@@ -20,7 +20,14 @@ import httpx
 
 from levers9.contracts import envelope, uuid7
 from levers9.contracts import events as E
-from levers9.contracts.checkpoint_policy import DumpChoice, dump_choice
+from levers9.contracts.checkpoint_policy import (
+    NODE_CACHE,
+    RUNTIME,
+    DumpChoice,
+    RestoreFailure,
+    dump_choice,
+    restore_failure_verdict,
+)
 from levers9.contracts.spec import CheckpointRef
 from levers9.runtime.bus import ConcurrencyConflict
 from levers9.runtime.config import Settings
@@ -29,7 +36,7 @@ from levers9.runtime.tasks import spawn
 from .checkpoint import CheckpointArtifact, RestoreError
 from .container import ContainerSpec, Runtime, Started
 from .gpu_checkpoint import cuda_suspended
-from .node_cache import NodeCache
+from .node_cache import FAULT_HEADER, NodeCache
 from .placement import Running
 from .sandboxes import is_function
 from .secret_source import KeyUnavailable, checkpoint_key, holds_keyring
@@ -87,17 +94,49 @@ async def restore(runtime: Runtime, cspec: ContainerSpec, ref: CheckpointRef, ca
     checkpoints of this deployment version, so its status is not checked again here. `data_key`: the
     sealed archive's own key, for a worker without the keyring."""
     headers = {"X-Levers9-Data-Key": base64.b64encode(data_key).decode()} if data_key else {}
-    async with httpx.AsyncClient(timeout=300) as client:
-        r = await client.get(f"{cache_url}/blobs/{ref.sha256}", headers=headers,
-                             params={"bucket": ref.bucket, "key": ref.key, "fill": "true", "sealed": "true",
-                                     "peer": peer_of(ref.location, cache_url)})
+    try:
+        async with httpx.AsyncClient(timeout=300) as client:
+            r = await client.get(f"{cache_url}/blobs/{ref.sha256}", headers=headers,
+                                 params={"bucket": ref.bucket, "key": ref.key, "fill": "true", "sealed": "true",
+                                         "peer": peer_of(ref.location, cache_url)})
+    except httpx.TransportError as exc:  # down, refusing, or too slow: nothing about the checkpoint
+        raise NodeCacheFailed(f"the node cache at {cache_url} did not answer ({type(exc).__name__}: {exc}); "
+                              "is the node's first worker running?",
+                              RestoreFailure(NODE_CACHE, answered=False,
+                                             timed_out=isinstance(exc, httpx.TimeoutException))) from exc
     if r.status_code != 200:
-        raise RestoreError(f"the node cache could not get the checkpoint: {_detail(r)}")
+        raise NodeCacheFailed(f"the node cache at {cache_url} could not get the checkpoint: {_detail(r)}",
+                              RestoreFailure(NODE_CACHE, status=r.status_code, fault=r.headers.get(FAULT_HEADER, "")))
     path = Path(r.json()["path"])
     # the cache checked the sha256 when the blob entered it (a dump, a peer, S3); checking the whole
     # tar again here would cost ~0.3 s per 400 MB on every restore. The manifest and layout are
     # still checked by the runtime's unpack.
     return await runtime.restore(cspec, path)
+
+
+class NodeCacheFailed(RestoreError):
+    """The node cache could not hand over the checkpoint; `failure` says how (whose fault: the policy)."""
+
+    def __init__(self, message: str, failure: RestoreFailure) -> None:
+        super().__init__(message)
+        self.failure = failure
+
+
+TRANSIENT_CAUSES = (ConnectionError, TimeoutError, asyncio.TimeoutError, httpx.TransportError)
+
+
+def failure_of(exc: BaseException) -> RestoreFailure:
+    """A failed restore as the policy's plain values: the node cache's answer, or the runtime's
+    error (transient when a connection or a timeout caused it, anywhere in its chain of causes)."""
+    if isinstance(exc, NodeCacheFailed):
+        return exc.failure
+    chain, seen = exc, 0
+    while chain is not None and seen < 16:
+        if isinstance(chain, TRANSIENT_CAUSES):
+            return RestoreFailure(RUNTIME, timed_out=isinstance(chain, (TimeoutError, asyncio.TimeoutError)),
+                                  transient_cause=True)
+        chain, seen = chain.__cause__ or chain.__context__, seen + 1
+    return RestoreFailure(RUNTIME)
 
 
 def peer_of(location: str, cache_url: str) -> str:
@@ -150,7 +189,9 @@ class Checkpoints:
 
     async def restore(self, c: Running, cspec: ContainerSpec, ref: CheckpointRef) -> tuple[Started | None, str]:
         """Restore from the node cache (filled from S3 on a miss, hash verified). On any failure the
-        checkpoint is marked restore_failed and the container starts cold (the caller does that)."""
+        container starts cold (the caller does that); only a failure that is the checkpoint's own
+        fault (restore_failure_verdict) marks it restore_failed: after a transient one (the node cache
+        or S3 unreachable, a timeout) it stays available and the next start tries it again."""
         ck = ref.checkpoint_id
         w = self.worker
         data_key = None
@@ -164,6 +205,12 @@ class Checkpoints:
             return started, f"restored from {ck}"
         except Exception as exc:  # noqa: BLE001 - a failed restore is never fatal: cold start instead
             reason = f"{type(exc).__name__}: {exc}"
+            verdict = restore_failure_verdict(failure_of(exc))
+            if not verdict.its_own:
+                log.warning("restore of %s from %s failed for a transient reason (%s), starting cold; the "
+                            "checkpoint stays available: %s", c.container_id, ck, verdict.why, reason)
+                return None, (f"cold: restore of {ck} failed for a transient reason ({verdict.why}); it stays "
+                              f"available and the next start tries it again: {reason}")[:500]
             log.warning("restore of %s from %s failed, starting cold: %s", c.container_id, ck, reason)
             await w.emit(c, E.CheckpointFailed(checkpoint_id=ck, stage="restore", reason=reason,
                                                deployment_id=c.deployment_id, worker_id=w.worker_id))

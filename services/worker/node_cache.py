@@ -4,6 +4,9 @@
   as `?peer=URL`, then from S3 given as `?bucket=B&key=K` (with `&offset=O&length=N`: only that byte
   range of the object, an S3 Range request: a chunk of an image archive); a filled blob is stored
   only if its sha256 matches (a tampered or truncated object is refused with 502 and the reason).
+  A failed fill says whose fault it is in `X-Levers9-Fault`: `content` (hash or seal wrong, 502),
+  `missing` (no source has it, 404), `unreachable` (its source, S3 or the peer, did not answer:
+  503, try again later; levers9.contracts.checkpoint_policy.restore_failure_verdict reads it).
   `&sealed=true` (checkpoints): the S3 object is a sealed archive (levers9.runtime.sealing), opened
   here with the secrets keyring as it streams in (a worker without the keyring sends that archive's
   own data key, from the gateway, as `X-Levers9-Data-Key`); the sha256 is the plaintext's. An object without
@@ -36,12 +39,28 @@ from fastapi.responses import FileResponse
 from levers9.runtime.config import Settings
 from levers9.runtime.sealing import ArchiveOpener, SealError, is_sealed_archive
 from levers9.runtime.secrets import SecretKeyMissing, checkpoint_context, keyring
-from levers9.runtime.storage import s3_client
+from levers9.runtime.storage import S3_UNREACHABLE, s3_client
 
 log = logging.getLogger("levers9.node_cache")
 SHA_RE = re.compile(r"^[0-9a-f]{64}$")
 PEER_CONNECT_S = 2.0
 SCAN_EVERY_S = 5.0  # the blob dir is listed at most this often while it is well under its bound
+
+
+FAULT_HEADER = "X-Levers9-Fault"
+
+
+class SourceUnreachable(FileNotFoundError):
+    """Not here, and its sources (S3, the peer) did not answer: try again later (not the blob's fault)."""
+
+
+def s3_unreachable(exc: BaseException) -> bool:
+    """S3 did not answer, or answered that it cannot serve now (5xx): nothing about the object."""
+    if isinstance(exc, S3_UNREACHABLE):
+        return True
+    status = getattr(exc, "response", {}).get("ResponseMetadata", {}).get("HTTPStatusCode", 0) \
+        if isinstance(getattr(exc, "response", None), dict) else 0
+    return int(status or 0) >= 500
 
 
 @dataclass(frozen=True)
@@ -175,7 +194,8 @@ class NodeCache:
                 self.stats["hits"] += 1
                 return target
             self.stats["misses"] += 1
-            errors = []
+            errors: list[str] = []
+            unreachable = 0  # how many sources did not answer
             if peer:
                 try:
                     path = await self.store(sha, self._from_peer(peer, sha))
@@ -184,6 +204,7 @@ class NodeCache:
                     return path
                 except (httpx.HTTPError, HashMismatch, RuntimeError) as exc:
                     errors.append(f"peer {peer}: {exc}")
+                    unreachable += isinstance(exc, httpx.TransportError)
             if bucket and key:
                 try:
                     chunks = self._from_s3(bucket, key, offset, length)
@@ -198,6 +219,9 @@ class NodeCache:
                     raise HashMismatch("; ".join(errors)) from None
                 except Exception as exc:  # noqa: BLE001 - any S3 failure is reported with its cause
                     errors.append(f"s3://{bucket}/{key}: {type(exc).__name__}: {exc}")
+                    unreachable += s3_unreachable(exc)
+            if unreachable:  # a source that did not answer may well have it: not the blob's fault
+                raise SourceUnreachable("; ".join(errors))
             raise FileNotFoundError("; ".join(errors) or f"blob {sha} is not here and no source was given")
 
     async def _from_peer(self, peer: str, sha: str) -> AsyncIterator[bytes]:
@@ -272,9 +296,12 @@ def cache_app(cache: NodeCache) -> FastAPI:
         try:
             path = await cache.get(sha, bucket, key, peer, offset, length, sealed, data_key)
         except HashMismatch as exc:
-            raise HTTPException(502, f"refused: {exc}") from None
+            raise HTTPException(502, f"refused: {exc}", headers={FAULT_HEADER: "content"}) from None
+        except SourceUnreachable as exc:
+            raise HTTPException(503, f"its sources did not answer (try again later): {exc}",
+                                headers={FAULT_HEADER: "unreachable"}) from None
         except FileNotFoundError as exc:
-            raise HTTPException(404, str(exc)) from None
+            raise HTTPException(404, str(exc), headers={FAULT_HEADER: "missing"}) from None
         if fill:
             return {"sha256": sha, "path": str(path), "size": path.stat().st_size}
         return FileResponse(path, media_type="application/octet-stream")

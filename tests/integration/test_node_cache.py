@@ -98,3 +98,78 @@ async def test_a_range_of_an_object_fills_a_blob_of_its_own(servers, tmp_path):
         assert r.status_code == 200 and Path(r.json()["path"]).read_bytes() == tail
         r = await client.get(f"/blobs/{'1' * 64}", params={"bucket": "cache-test", "key": "archive", "offset": -1})
         assert r.status_code == 400
+
+
+# ---- a failed restore: whose fault (levers9.worker.checkpointing, checkpoint_policy.restore_failure_verdict)
+
+class _Runtime:
+    """Restores whatever tar it is given (the fetch through the node cache is what is tested here)."""
+
+    def __init__(self) -> None:
+        self.restored: list[Path] = []
+
+    async def restore(self, cspec, path: Path):
+        from levers9.worker.container import Started
+        self.restored.append(Path(path))
+        return Started(address="http://127.0.0.1:9", pid=1, log_path=Path(path))
+
+
+class _Worker:
+    def __init__(self, settings: Settings, cache: NodeCache, cache_url: str) -> None:
+        self.settings, self.cache, self.cache_url = settings, cache, cache_url
+        self.runtime, self.worker_id, self.emitted = _Runtime(), "w-restore", []
+
+    async def emit(self, c, event) -> None:
+        self.emitted.append(event)
+
+
+def _failed(worker: _Worker) -> list:
+    return [e for e in worker.emitted if type(e).__name__ == "CheckpointFailed"]
+
+
+async def test_a_restore_through_an_unreachable_node_cache_keeps_the_checkpoint_and_the_next_start_restores_it(
+        servers, tmp_path):
+    """The node cache down: the start goes cold, the error names the node cache, no CheckpointFailed
+    (the checkpoint stays `available`); the cache back: the next start restores that checkpoint."""
+    from types import SimpleNamespace
+
+    from levers9.contracts.spec import CheckpointRef
+    from levers9.stack import free_port
+    from levers9.worker.checkpointing import Checkpoints
+
+    blob = os.urandom(50_000)
+    sha = hashlib.sha256(blob).hexdigest()
+    await put(servers, "cache-test", "ckpt.tar", blob)
+    settings = s3_settings(servers).with_(secret_key="held")  # this worker holds the keyring: asks no gateway
+    cache = NodeCache(tmp_path / "blobs", settings, max_bytes=10_000_000)
+    ref = CheckpointRef(checkpoint_id="ck-transient", sha256=sha, bucket="cache-test", key="ckpt.tar")
+    c = SimpleNamespace(container_id="c-1", deployment_id="dep-1", workspace="default")
+    down = _Worker(settings, cache, f"http://127.0.0.1:{free_port()}")  # nothing listens there
+    started, note = await Checkpoints(down).restore(c, None, ref)
+    assert started is None and _failed(down) == [], down.emitted
+    assert "node cache" in note and "stays available" in note, note
+    async with serving(cache_app(cache)) as url:
+        up = _Worker(settings, cache, url)
+        started, note = await Checkpoints(up).restore(c, None, ref)
+        assert started is not None and note == "restored from ck-transient", note
+        assert up.runtime.restored and up.runtime.restored[0].read_bytes() == blob and _failed(up) == []
+
+
+async def test_a_tampered_archive_is_the_checkpoint_s_own_fault_and_marks_it_failed(servers, tmp_path):
+    from types import SimpleNamespace
+
+    from levers9.contracts.spec import CheckpointRef
+    from levers9.worker.checkpointing import Checkpoints
+
+    blob = os.urandom(50_000)
+    await put(servers, "cache-test", "tampered.tar", blob[:-1] + b"!")
+    settings = s3_settings(servers).with_(secret_key="held")
+    cache = NodeCache(tmp_path / "blobs", settings, max_bytes=10_000_000)
+    ref = CheckpointRef(checkpoint_id="ck-bad", sha256=hashlib.sha256(blob).hexdigest(), bucket="cache-test",
+                        key="tampered.tar")
+    async with serving(cache_app(cache)) as url:
+        w = _Worker(settings, cache, url)
+        started, note = await Checkpoints(w).restore(SimpleNamespace(container_id="c-2", deployment_id="dep-1",
+                                                                     workspace="default"), None, ref)
+    assert started is None and "failed" in note
+    assert [e.checkpoint_id for e in _failed(w)] == ["ck-bad"], w.emitted
