@@ -10,6 +10,10 @@ import tomllib
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
+# profile keys a service process ignores: its environment carries the credentials of its role
+PROFILE_CREDENTIALS = frozenset({"database_url", "s3_access_key", "s3_secret_key", "token", "worker_token",
+                                 "secret_key", "secret_key_file", "nats_creds", "nats_issuer", "bus_signing_key",
+                                 "worker_credentials"})
 SERVICES = ("gateway", "scheduler", "pool-controller", "checkpoint-store", "image-builder", "worker")
 
 
@@ -31,8 +35,8 @@ class Settings:
     bus_signers: str = ""  # every role's public signing key: consumers reject unsigned power events
     database_url: str = ""
     s3_endpoint: str = ""
-    s3_access_key: str = "levers9"
-    s3_secret_key: str = "levers9-secret"
+    s3_access_key: str = ""  # `levers9 up` generates keys per stack and per role (levers9.stack.credentials)
+    s3_secret_key: str = ""
     s3_region: str = "us-east-1"
     registry: str = ""  # the OCI registry images are pushed to, host:port (plain HTTP: loopback only)
     # the client profile
@@ -47,6 +51,7 @@ class Settings:
     worker_cpu_millicores: int = 0  # capacity a worker offers; 0: the whole machine
     worker_memory_mib: int = 0
     worker_token: str = ""
+    worker_credentials: str = ""  # the pool controller: the directory of its workers' credentials (0600 files)
     worker_gpu_type: str = ""  # the pool's GPU type; the inventory comes from NVML when present
     worker_gpu_count: int = 0  # cards configured for this worker when NVML detects none
     worker_criu: str = "auto"  # auto | on | off: checkpoint/restore on this worker (the pool's `criu`)
@@ -109,7 +114,11 @@ class Settings:
         if profile.exists():
             with profile.open("rb") as f:
                 data = tomllib.load(f)
-            values.update({k: v for k, v in data.items() if k in cls.names()})
+            # a service's credentials are those its environment gives its role, never the profile's
+            # (the client's: its token, the admin's S3 keys)
+            service = bool(env.get("LEVERS9_SERVICE"))
+            values.update({k: v for k, v in data.items() if k in cls.names()
+                           and not (service and k in PROFILE_CREDENTIALS)})
         for field in fields(cls):
             raw = env.get(f"LEVERS9_{field.name.upper()}")
             if raw is not None and raw != "":

@@ -107,7 +107,9 @@ async def format_once(settings: Settings) -> None:
     """Create the schema and format the volume unless it is (idempotent; one process at a time)."""
     conn = await asyncpg.connect(settings.database_url, timeout=10)
     try:
-        await conn.execute(f"CREATE SCHEMA IF NOT EXISTS {SCHEMA}")
+        # only when missing: under `levers9 up` it exists, and the roles using it may not create schemas
+        if not await conn.fetchval("SELECT 1 FROM pg_namespace WHERE nspname = $1", SCHEMA):
+            await conn.execute(f"CREATE SCHEMA {SCHEMA}")
     except asyncpg.UniqueViolationError:  # created by a concurrent process
         pass
     finally:

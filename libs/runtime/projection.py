@@ -85,7 +85,10 @@ class ProjectionStore:
         async with self.pool.acquire() as conn, conn.transaction():
             # serialise concurrent setups of the same schema (two replicas starting at once)
             await conn.execute("SELECT pg_advisory_xact_lock($1)", lock_key(self.lock_schema, "__setup__"))
-            await conn.execute(f"CREATE SCHEMA IF NOT EXISTS {self.schema}")
+            # only when missing: a service's role owns its schema (made for it by `levers9 up`) but
+            # may not create schemas, and CREATE SCHEMA IF NOT EXISTS asks for that right first
+            if not await conn.fetchval("SELECT 1 FROM pg_namespace WHERE nspname = $1", self.schema):
+                await conn.execute(f"CREATE SCHEMA {self.schema}")
             await conn.execute(f"CREATE TABLE IF NOT EXISTS {self.schema}.positions "
                                "(projection text PRIMARY KEY, seq bigint NOT NULL)")
             for p in self.projections:

@@ -53,6 +53,27 @@ async def _replay_into(bus: Bus, store: ProjectionStore, p: Projection, start: i
     return applied
 
 
+# tables, views and sequences of a schema whose owner is not `owner` (indexes follow their table; a
+# sequence owned by a column follows its table, so only free-standing ones are listed)
+MISOWNED = """
+SELECT c.relname, c.relkind FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+WHERE n.nspname = $1 AND c.relowner <> (SELECT oid FROM pg_roles WHERE rolname = $2)
+  AND (c.relkind IN ('r', 'p', 'v', 'm', 'f')
+       OR (c.relkind = 'S' AND NOT EXISTS (SELECT 1 FROM pg_depend d WHERE d.objid = c.oid AND d.deptype IN ('a', 'i'))))
+"""
+
+
+async def give_schema(conn: asyncpg.Connection, schema: str, owner: str) -> int:
+    """`schema` and everything in it to role `owner`; how many tables changed owner."""
+    s, o = ident(schema), ident(owner)
+    await conn.execute(f"ALTER SCHEMA {s} OWNER TO {o}")
+    rows = await conn.fetch(MISOWNED, s, o)
+    for row in rows:
+        kind = {"S": "SEQUENCE", "v": "VIEW", "m": "MATERIALIZED VIEW", "f": "FOREIGN TABLE"}.get(row["relkind"], "TABLE")
+        await conn.execute(f'ALTER {kind} {s}."{row["relname"]}" OWNER TO {o}')
+    return len(rows)
+
+
 async def compare(conn: asyncpg.Connection, live: str, rebuilt: str, table: str) -> TableDiff:
     t = ident(table)
     only_live = await conn.fetchval(
@@ -88,6 +109,9 @@ async def rebuild(bus: Bus, pool: asyncpg.Pool, schema: str, projections: Sequen
             for table in p.tables:
                 report.tables.append(await compare(conn, live, tmp, table))
         if swap:
+            owner = await conn.fetchval("SELECT nspowner::regrole::text FROM pg_namespace WHERE nspname = $1", live)
+            if owner and owner != await conn.fetchval("SELECT current_user"):
+                await give_schema(conn, tmp, owner)
             await conn.execute(f"DROP SCHEMA IF EXISTS {live}__old CASCADE")
             await conn.execute(f"ALTER SCHEMA {live} RENAME TO {live}__old")
             await conn.execute(f"ALTER SCHEMA {tmp} RENAME TO {live}")

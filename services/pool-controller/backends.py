@@ -12,6 +12,7 @@ from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Any, Callable
 
+from levers9.runtime.credentials import without_credentials, worker_env
 from levers9.runtime.ports import free_port
 
 from .pools import PoolConfig
@@ -49,7 +50,7 @@ class LocalBackend(Backend):
         self.procs: dict[str, subprocess.Popen] = {}
 
     def start_worker(self, pool: PoolConfig, worker_id: str, token: str) -> None:
-        env = {**os.environ, "LEVERS9_SERVICE": "worker", "LEVERS9_WORKER_ID": worker_id,
+        env = {**worker_base_env(pool.name), "LEVERS9_SERVICE": "worker", "LEVERS9_WORKER_ID": worker_id,
                "LEVERS9_WORKER_POOL": pool.name, "LEVERS9_WORKER_TOKEN": token,
                "LEVERS9_HTTP_PORT": str(free_port()), "LEVERS9_HOME": str(self.home),
                "LEVERS9_WORKER_CPU_MILLICORES": str(pool.worker_cpu_millicores),
@@ -79,6 +80,15 @@ class LocalBackend(Backend):
         for wid in gone:
             self.procs.pop(wid)
         return gone
+
+
+def worker_base_env(pool: str) -> dict[str, str]:
+    """This controller's environment without its own credentials, with the workers' of `pool` (files
+    `levers9 up` wrote, named by LEVERS9_WORKER_CREDENTIALS); as it is when none are named."""
+    directory = os.environ.get("LEVERS9_WORKER_CREDENTIALS", "")
+    if not directory:
+        return dict(os.environ)
+    return {**without_credentials(os.environ), **worker_env(directory, pool)}
 
 
 def worker_bus_env(issuer: str, worker_id: str) -> dict[str, str]:

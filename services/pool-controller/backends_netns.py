@@ -38,7 +38,9 @@ class NetnsBackend(LocalBackend):
         hosts.ensure_underlay(s.hosts_bridge, s.hosts_subnet, self.urls().values(), owner=self.markers)
         plan = hosts.add_host(s.hosts_bridge, s.hosts_subnet, s.hosts_container_supernet, self.markers)
         self.hosts[worker_id] = plan
-        env = {**env, **hosts.host_env(plan, self.urls(), s.hosts_subnet, self.home)}
+        # the worker's own server URLs (its database role's DSN), else this controller's
+        urls = {key: env.get(f"LEVERS9_{key.upper()}") or url for key, url in self.urls().items()}
+        env = {**env, **hosts.host_env(plan, urls, s.hosts_subnet, self.home)}
         return ["nsenter", f"--net={hosts.NETNS_DIR / plan.netns}", "--", *cmd], env
 
     def exited(self) -> list[str]:

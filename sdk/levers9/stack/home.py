@@ -14,6 +14,7 @@ import contextlib
 import fcntl
 import json
 import os
+import pwd
 import signal
 import subprocess
 import time
@@ -60,6 +61,9 @@ class Server:
     max_stop_timeout: float | None = None
     after_ready: Callable[[Launch, Progress], None] | None = None
     cleanup: Callable[[Path, dict], None] | None = None  # what only a running server needs, after down
+    # whether a running server's state entry says it was started as this code starts it (with this
+    # stack's credentials); one started by an older levers9 is restarted by `up`
+    current: Callable[[dict], bool] = lambda entry: True
 
     @property
     def url_key(self) -> str:
@@ -99,7 +103,10 @@ class Home:
         for name, key in (*URL_KEYS.items(), ("gateway", "gateway_url")):
             state[key] = state["components"].get(name, {}).get("url", "")
         tmp = self.state_path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(state, indent=2, sort_keys=True) + "\n")
+        tmp.unlink(missing_ok=True)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)  # the admin's DSN is in it
+        with os.fdopen(fd, "w") as f:
+            f.write(json.dumps(state, indent=2, sort_keys=True) + "\n")
         tmp.replace(self.state_path)
 
     def record(self, name: str, entry: dict) -> None:
@@ -111,8 +118,10 @@ class Home:
     def locked(self) -> Iterator[None]:
         """One `up`/`down` at a time per home; re-entrant within this object."""
         if self._lock_depth == 0:
+            self.restrict()
             for sub in ("logs", "run"):
-                (self.path / sub).mkdir(parents=True, exist_ok=True)
+                (self.path / sub).mkdir(mode=0o700, parents=True, exist_ok=True)
+                (self.path / sub).chmod(0o700)
             self._lock_file = os.open(self.path / "run" / "stack.lock", os.O_RDWR | os.O_CREAT, 0o600)
             fcntl.flock(self._lock_file, fcntl.LOCK_EX)
         self._lock_depth += 1
@@ -123,6 +132,20 @@ class Home:
             if self._lock_depth == 0 and self._lock_file is not None:
                 os.close(self._lock_file)  # closing releases the flock
                 self._lock_file = None
+
+    def restrict(self) -> None:
+        """The home is its owner's alone (0700): user code, logs, data and credentials live here. At
+        most its group may pass through (0710), when postgres runs as a system user of that group
+        (postgres.py gives the home to it): nobody else can even look inside."""
+        self.path.mkdir(mode=0o700, parents=True, exist_ok=True)
+        st = self.path.stat()
+        try:
+            given = st.st_gid != pwd.getpwuid(st.st_uid).pw_gid  # to a group other than its owner's own
+        except KeyError:
+            given = False
+        allowed = 0o710 if given else 0o700
+        if st.st_mode & 0o777 & ~allowed:
+            self.path.chmod(st.st_mode & allowed)
 
     # ---- starting a process ------------------------------------------------------------------
 

@@ -2,6 +2,13 @@
 
 Postgres refuses to run as root, so as root it runs as a system user (created if missing) that can only
 pass through the directories above its data. The unix socket lives in a short directory under /tmp.
+
+Authentication (pg_hba.conf and pg_ident.conf are rewritten on every start, so an old home's `trust`
+goes): over TCP only scram-sha-256 passwords; over the unix socket, peer access as the superuser for
+the platform's own OS users alone (the one the server runs as, and the one that runs `levers9 up`),
+a password for anyone else. Every service has its own role (`levers9_<schema>`) owning only its own
+schema; the superuser `postgres` has a password too. Passwords are generated per stack
+(levers9.stack.credentials) and set at every start (after_ready), through the peer socket.
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ from typing import TYPE_CHECKING
 
 import asyncpg
 
+from . import credentials, pg_roles
 from .home import Account, Home, Launch, Server
 from .procs import LOCALHOST, Progress, StackError, free_port, log_tail, run_async
 
@@ -34,22 +42,30 @@ def launch(home: Home, settings: Settings, progress: Progress) -> Launch:
     if not (data / "PG_VERSION").exists():
         _initdb(home, data, account, progress)
     elif account:  # a directory above may have lost o+x since (pytest resets its temporary root to 0700)
-        _make_traversable(data)
+        _make_traversable(data, home.path, account)
     _remove_stale_postmaster_pid(data, progress)
-    _allow_hosts(data, settings.hosts_subnet)
+    _write_auth(data, account, settings.hosts_subnet)
+    passwords = credentials.ensure(home.path)["postgres"]
     port = free_port()
     sockets = socket_dir(home.path)
     sockets.mkdir(mode=0o700, exist_ok=True)
     if account:
         os.chown(sockets, account.uid, account.gid)
     cmd = [pg_bin("postgres"), "-D", str(data), "-h", LOCALHOST, "-p", str(port),
-           "-k", str(sockets), "-c", "max_connections=200"]
+           "-k", str(sockets), "-c", "max_connections=200", "-c", "password_encryption=scram-sha-256"]
     progress(f"postgres: starting on {LOCALHOST}:{port}")
     proc, offset = home.spawn("postgres", cmd, env=_env(), account=account)
-    entry = {"pid": proc.pid, "port": port, "external": False,
-             "url": f"postgresql://postgres@{LOCALHOST}:{port}/{DATABASE}"}
-    admin = _admin_dsn(port)
-    return Launch("postgres", proc, offset, entry, lambda: select_1(admin))
+    url = credentials.role_dsn(f"postgresql://{LOCALHOST}:{port}/{DATABASE}", credentials.PG_ADMIN_ROLE,
+                               passwords[credentials.ADMIN])
+    entry = {"pid": proc.pid, "port": port, "external": False, "url": url, "roles": True, "home": str(home.path)}
+    peer = peer_dsn(home.path, port)
+    return Launch("postgres", proc, offset, entry, lambda: select_1(peer))
+
+
+def peer_dsn(home: Path, port: int, database: str = "postgres") -> str:
+    """The superuser over the unix socket, by peer authentication: no password (the platform's own
+    OS users only, pg_ident.conf)."""
+    return f"postgresql://{credentials.PG_ADMIN_ROLE}@/{database}?host={socket_dir(home)}&port={port}"
 
 
 def marker(home: Path) -> str:
@@ -61,8 +77,13 @@ def probe(url: str, entry: dict | None) -> bool:
 
 
 def after_ready(launch: Launch, progress: Progress) -> None:
-    if _ensure_database(_admin_dsn(launch.entry["port"]), DATABASE):
+    home, port = Path(launch.entry["home"]), launch.entry["port"]
+    if _ensure_database(peer_dsn(home, port), DATABASE):
         progress(f"postgres: created database {DATABASE}")
+    changed = run_async(lambda: pg_roles.configure(peer_dsn(home, port, DATABASE),
+                                                   credentials.ensure(home)["postgres"]))
+    if changed:
+        progress(f"postgres: roles configured ({', '.join(changed)})")
 
 
 def cleanup(home: Path, state: dict) -> None:
@@ -107,10 +128,6 @@ def system_account() -> Account | None:
     return Account(entry.pw_uid, entry.pw_gid)
 
 
-def _admin_dsn(port: int) -> str:
-    return f"postgresql://postgres@{LOCALHOST}:{port}/postgres"
-
-
 def _env() -> dict[str, str]:
     """A small environment for postgres: the caller's PG* variables must not redirect initdb."""
     return {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LC_ALL": "C", "TZ": "UTC"}
@@ -131,7 +148,23 @@ def _ensure_database(admin_dsn: str, name: str) -> bool:
     return bool(run_async(create))
 
 
-def _make_traversable(path: Path) -> None:
+def _make_traversable(path: Path, home: Path, account: Account) -> None:
+    """Let the server's user reach `path` under `home`: the home only through its group (0710, the
+    home given to the account's group: nobody else may pass), the directories above the home for
+    everyone (o+x only, nothing readable)."""
+    st = home.stat()
+    if st.st_gid != account.gid:
+        os.chown(home, -1, account.gid)
+    home.chmod((st.st_mode & 0o700) | 0o010)
+    for parent in path.absolute().parents:
+        if parent == home or home in parent.parents:
+            continue
+        mode = parent.stat().st_mode
+        if not mode & stat.S_IXOTH:
+            parent.chmod(mode | stat.S_IXOTH)
+
+
+def _make_traversable_all(path: Path) -> None:
     """Let other users pass through every directory above `path` (o+x only, nothing readable)."""
     for parent in path.absolute().parents:
         mode = parent.stat().st_mode
@@ -148,9 +181,11 @@ def _initdb(home: Home, data: Path, account: Account | None, progress: Progress)
     fresh.mkdir(mode=0o700, parents=True)
     if account:
         os.chown(fresh, account.uid, account.gid)
-        _make_traversable(fresh)
-        _make_traversable(Path(pg_bin("postgres")))
-    cmd = [pg_bin("initdb"), "-D", str(fresh), "-U", "postgres", "--auth=trust", "-E", "UTF8",
+        _make_traversable(fresh, home.path, account)
+        _make_traversable_all(Path(pg_bin("postgres")))
+    # no trust anywhere, from the first start: the real pg_hba.conf is written before each start
+    cmd = [pg_bin("initdb"), "-D", str(fresh), "-U", "postgres", "--auth-local=peer",
+           "--auth-host=scram-sha-256", "-E", "UTF8",
            "--no-locale"]  # the C locale exists everywhere; the user's LANG may not be installed
     ids: dict = {"user": account.uid, "group": account.gid, "extra_groups": []} if account else {}
     log = home.log_path("postgres")
@@ -164,15 +199,43 @@ def _initdb(home: Home, data: Path, account: Account | None, progress: Progress)
     fresh.rename(data)
 
 
-def _allow_hosts(data: Path, hosts_subnet: str) -> None:
-    """Workers running as hosts (pool backend netns) reach postgres through the underlay's published
-    port (DNAT to 127.0.0.1: it still listens on loopback only), from their own addresses: trust them
-    as loopback is trusted. Nothing else can reach it there (levers9.runtime.hosts)."""
-    hba = data / "pg_hba.conf"
-    line = f"host    all             all             {hosts_subnet}          trust  # levers9 hosts\n"
-    if hosts_subnet and hba.exists() and line not in hba.read_text():
-        with hba.open("a") as f:
-            f.write(line)
+def hba_text(hosts_subnet: str) -> str:
+    """pg_hba.conf (pure): the superuser by peer on the socket (mapped: only the platform's users),
+    everyone else by scram-sha-256 password, on the socket, on loopback, and from the worker hosts'
+    subnet (workers as hosts reach it through the underlay's published port, levers9.runtime.hosts)."""
+    lines = ["# written by levers9 at every start (levers9.stack.postgres): edits here are lost",
+             "# TYPE  DATABASE  USER      ADDRESS          METHOD",
+             "local   all       postgres                   peer map=levers9",
+             "local   all       all                        scram-sha-256",
+             "host    all       all       127.0.0.1/32     scram-sha-256",
+             "host    all       all       ::1/128          scram-sha-256"]
+    if hosts_subnet:
+        lines.append(f"host    all       all       {hosts_subnet:<16} scram-sha-256  # levers9 hosts")
+    return "\n".join(lines) + "\n"
+
+
+def ident_text(os_users: list[str]) -> str:
+    """pg_ident.conf (pure): which OS users may be the superuser over the socket."""
+    return "".join(f"levers9  {user}  postgres\n" for user in dict.fromkeys(os_users))
+
+
+def platform_users(account: Account | None) -> list[str]:
+    """The OS user the server runs as and the one running this (root, when it runs the server as
+    another); nobody else."""
+    users = [pwd.getpwuid(os.geteuid()).pw_name]
+    if account:
+        users.insert(0, pwd.getpwuid(account.uid).pw_name)
+    return users
+
+
+def _write_auth(data: Path, account: Account | None, hosts_subnet: str) -> None:
+    for name, text in (("pg_hba.conf", hba_text(hosts_subnet)), ("pg_ident.conf", ident_text(platform_users(account)))):
+        path = data / name
+        if not path.exists() or path.read_text() != text:
+            path.write_text(text)
+            path.chmod(0o600)
+            if account:
+                os.chown(path, account.uid, account.gid)
 
 
 def _remove_stale_postmaster_pid(data: Path, progress: Progress) -> None:
@@ -187,4 +250,5 @@ def _remove_stale_postmaster_pid(data: Path, progress: Progress) -> None:
 # SIGINT is postgres's "fast" shutdown (what pg_ctl stop -m fast sends); its SIGTERM would wait for
 # every client to disconnect.
 SERVER = Server("postgres", launch=launch, marker=marker, probe=probe, stop_signal=signal.SIGINT,
-                after_ready=after_ready, cleanup=cleanup)
+                after_ready=after_ready, cleanup=cleanup,
+                current=lambda entry: bool(entry.get("roles")))

@@ -50,6 +50,15 @@ def port_taken(text: str) -> bool:
     return "address already in use" in text.lower()
 
 
+def redact(url: str) -> str:
+    """`url` without its password, for messages (`postgresql://postgres:***@127.0.0.1:5432/levers9`)."""
+    with contextlib.suppress(ValueError):
+        parts = urlsplit(url)
+        if parts.password:
+            return url.replace(f":{parts.password}@", ":***@", 1)
+    return url
+
+
 def port_of(url: str) -> int | None:
     with contextlib.suppress(ValueError):
         return urlsplit(url.split(",")[0]).port

@@ -1,7 +1,9 @@
 """The S3 launcher: SeaweedFS (`weed server` with its S3 gateway), its data under home/s3/.
 
 Eight ports are chosen up front (s3, master, volume, filer and their gRPC ports): weed would otherwise
-use port+10000 for gRPC without checking it is free. The settings' access key is the only identity.
+use port+10000 for gRPC without checking it is free. Its identities are this stack's generated keys
+(levers9.stack.credentials): the admin's, and one per service role with only the actions that role
+uses; no anonymous access, and never a fixed key pair.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from . import procs
+from . import credentials, procs
 from .home import Home, Launch, Server
 from .procs import LOCALHOST, NO_PROXY, Progress, binary, http_status
 
@@ -40,7 +42,7 @@ def launch(home: Home, settings: Settings, progress: Progress) -> Launch:
     progress(f"s3: starting SeaweedFS on {LOCALHOST}:{ports['s3']}")
     proc, offset = home.spawn("s3", cmd)
     url = f"http://{LOCALHOST}:{ports['s3']}"
-    entry = {"pid": proc.pid, "port": ports["s3"], "ports": ports, "external": False, "url": url}
+    entry = {"pid": proc.pid, "port": ports["s3"], "ports": ports, "external": False, "url": url, "roles": True}
     return Launch("s3", proc, offset, entry, lambda: ready(url, ports["master"]))
 
 
@@ -70,16 +72,23 @@ def cleanup(home: Path, state: dict) -> None:
             sock.unlink(missing_ok=True)
 
 
+def identities(creds: dict, volumes_bucket: str) -> dict:
+    """The -s3.config document (pure): one identity per role, with its own key and actions."""
+    return {"identities": [
+        {"name": role, "actions": credentials.s3_actions(role, volumes_bucket),
+         "credentials": [{"accessKey": key["access_key"], "secretKey": key["secret_key"]}]}
+        for role, key in sorted(creds["s3"].items()) if role in credentials.s3_roles()]}
+
+
 def _identities(home: Home, settings: Settings) -> Path:
-    """A -s3.config file that grants the settings' access key everything (and nobody else)."""
-    identity = {"name": "levers9", "actions": ["Admin", "Read", "Write", "List", "Tagging"],
-                "credentials": [{"accessKey": settings.s3_access_key, "secretKey": settings.s3_secret_key}]}
+    """The -s3.config file, 0600."""
+    doc = identities(credentials.ensure(home.path), settings.volumes_bucket)
     path = home.path / "run" / "s3-identities.json"
-    path.touch(mode=0o600)
-    path.write_text(json.dumps({"identities": [identity]}))
+    credentials.write_private(path, json.dumps(doc))
     return path
 
 
 # `weed server` 4.48 stops its filer on SIGTERM/SIGINT but then never exits: SIGKILL it soon. Its
 # volumes and filer store are written through the page cache, so a kill loses nothing.
-SERVER = Server("s3", launch=launch, marker=marker, probe=probe, max_stop_timeout=2.0, cleanup=cleanup)
+SERVER = Server("s3", launch=launch, marker=marker, probe=probe, max_stop_timeout=2.0, cleanup=cleanup,
+                current=lambda entry: bool(entry.get("roles")))

@@ -27,7 +27,7 @@ import psutil
 
 from levers9.runtime.config import SERVICES, Settings
 
-from . import nats_server, postgres, registry, s3
+from . import nats_server, postgres, registry, s3, service_env
 from .home import CHILDREN, SERVERS, Home, Launch, Server
 from .procs import (
     LOCALHOST,
@@ -42,6 +42,7 @@ from .procs import (
     port_taken,
     quiet,
     quietly,
+    redact,
     terminate,
     terminate_all,
 )
@@ -72,6 +73,7 @@ class Stack:
         self.files = Home(home)
         self.home = self.files.path
         self.settings = settings
+        self.credentials_changed = False  # a server was restarted to take this stack's credentials
 
     def log_path(self, name: str) -> Path:
         return self.files.log_path(name)
@@ -186,8 +188,13 @@ class Stack:
                 self._abandon(launches, progress)
                 raise
             self.files.write_state(state)
+            service_env.write_admin_profile(self.files, self.settings, state)
             urls = {LAUNCHERS[n].url_key: state["components"][n]["url"] for n in SERVERS}
             return urls, [launch.name for launch in launches]
+
+    def admin_credentials(self) -> dict[str, str]:
+        """What the admin of this home uses: S3 keys and a registry auth file (for tests and tools)."""
+        return service_env.admin_credentials(self.home)
 
     def _existing_server(self, name: str, state: dict, progress: Progress) -> dict | None:
         """The entry of an external or already running server, or None when it must be started."""
@@ -198,9 +205,13 @@ class Stack:
         pid = self._running_pid(name, progress)
         entry = state["components"].get(name)
         if pid is not None and entry and entry.get("pid") == pid and entry.get("url"):
-            progress(f"{name}: already running (pid {pid}) at {entry['url']}")
-            return entry
-        if pid is not None:  # running, but we lost where it listens: restart it
+            if LAUNCHERS[name].current(entry):
+                progress(f"{name}: already running (pid {pid}) at {redact(entry['url'])}")
+                return entry
+            progress(f"{name}: pid {pid} was started without this stack's credentials; restarting it")
+            self.credentials_changed = True
+            self._stop_server(name, progress)
+        elif pid is not None:  # running, but we lost where it listens: restart it
             progress(f"{name}: pid {pid} runs without a recorded address; restarting it")
             self._stop_server(name, progress)
         self._stop_strays(name, progress)
@@ -212,7 +223,7 @@ class Stack:
         after = LAUNCHERS[launch.name].after_ready
         if after is not None:
             after(launch, progress)
-        progress(f"{launch.name}: ready at {launch.entry['url']} (pid {launch.proc.pid}, "
+        progress(f"{launch.name}: ready at {redact(launch.entry['url'])} (pid {launch.proc.pid}, "
                  f"{time.monotonic() - started:.1f} s more)")
 
     def _finish_or_relaunch(self, launch: Launch, progress: Progress) -> Launch:
@@ -302,7 +313,7 @@ class Stack:
         port = port or free_port()
         cmd = command or [sys.executable, "-m", "levers9", "service", name]
         progress(f"{name}: starting on {LOCALHOST}:{port}")
-        proc, offset = self.files.spawn(name, cmd, env=self._service_env_vars(name, port, urls, extra_env))
+        proc, offset = self.files.spawn(name, cmd, env=service_env.service_env(self.files, self.settings, name, port, urls, extra_env))
         return name, proc, offset, port
 
     def _server_urls(self, state: dict) -> dict[str, str]:
@@ -317,18 +328,6 @@ class Stack:
                 raise StackError(f"{name} is not running for {self.home}; start the servers first "
                                  f"(`levers9 up`).")
         return urls
-
-    def _service_env_vars(self, name: str, port: int, urls: dict[str, str],
-                          extra_env: dict[str, str] | None) -> dict[str, str]:
-        env = {**os.environ, **self.settings.as_env(),
-               **{f"LEVERS9_{key.upper()}": url for key, url in urls.items()},
-               "LEVERS9_SERVICE": name, "LEVERS9_HTTP_PORT": str(port), "LEVERS9_HOME": str(self.home)}
-        if name == "worker":
-            env["LEVERS9_WORKER_ID"] = self.settings.worker_id or "local-1"
-        env.update(extra_env or {})
-        env.update(nats_server.service_env(self.home, self.read_state()["components"].get("nats"), name,
-                                           env.get("LEVERS9_WORKER_ID", "")))
-        return env
 
     def _healthz(self, port: int, timeout: float = 1.0) -> bool:
         host = self.settings.http_host
@@ -381,7 +380,11 @@ class Stack:
         `components`, each one's pid, port and url. (The CLI writes the profile from it.)"""
         with self.files.locked():
             _, started = self._start_servers(progress)
-            missing = [name for name in services if not self._service_answers(name, progress)]
+            if self.credentials_changed:  # their servers now want the credentials they were not given
+                progress("restarting the services: their servers now ask for this stack's credentials")
+                missing = list(services)
+            else:
+                missing = [name for name in services if not self._service_answers(name, progress)]
             if missing:
                 self._start_services(missing, None, None, progress)
             elif not started:
