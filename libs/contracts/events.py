@@ -206,6 +206,7 @@ class WorkerLost(Event, frozen=True, kw_only=True):
     SYSTEM = True
     worker_id: str
     reason: str = ""
+    awaits_fence: bool = False  # its containers are placed again only after WorkerFenced (events_fencing.py)
 
 
 class WorkerDrained(Event, frozen=True, kw_only=True):
@@ -481,18 +482,17 @@ class FunctionCallFinished(Event, frozen=True, kw_only=True):
 
 
 from .events_clusters import ClusterAttached, ClusterDetached, ClusterShared  # noqa: E402 - they subclass Event
+from .events_fencing import WorkerFenced  # noqa: E402 - it subclasses Event
 from .events_volumes import VolumeCreated, VolumeDeleted  # noqa: E402 - they subclass Event
 
 AnyEvent = Union[
     DeploymentCreated, DeploymentStopped, DeploymentDeleted, DeploymentCheckpointClaimed,
     ContainerRequested, ContainerScheduled, PlacementDeferred, ContainerStarted, ContainerReady,
     ContainerStopRequested, ContainerStopped, ContainerFailed, ContainerCheckpointRequested,
-    WorkerProvisioned, WorkerRegistered, WorkerReady, WorkerLost, WorkerDrained, WorkerCordoned,
-    WorkerUncordoned, WorkerSlotReserved, WorkerSlotReleased,
-    CheckpointDumped, CheckpointStored, CheckpointFailed, CheckpointDeleted,
-    ImageBuildRequested, ImageBuildStarted, ImageBuildProgress, ImagePushed, ImageBuilt, ImageBuildFailed,
-    ImageDeleted,
-    TokenCreated, TokenRevoked, SecretSet, SecretDeleted,
+    WorkerProvisioned, WorkerRegistered, WorkerReady, WorkerLost, WorkerFenced, WorkerDrained, WorkerCordoned,
+    WorkerUncordoned, WorkerSlotReserved, WorkerSlotReleased, CheckpointDumped, CheckpointStored, CheckpointFailed,
+    CheckpointDeleted, ImageBuildRequested, ImageBuildStarted, ImageBuildProgress, ImagePushed, ImageBuilt, ImageBuildFailed,
+    ImageDeleted, TokenCreated, TokenRevoked, SecretSet, SecretDeleted,
     FunctionCallStarted, FunctionCallFinished, CatalogueBuilt, WorkerCatalogueChecked,
     VolumeCreated, VolumeDeleted, ClusterAttached, ClusterShared, ClusterDetached,
 ]

@@ -6,7 +6,9 @@ act through the pool's backend. Which workers are lost is decided by `rules.lost
 the projection, the backend's exited processes and the heartbeat table (one long-lived watcher on the
 heartbeat bucket, see heartbeats.py). A lost worker gets WorkerLost, appended with optimistic
 concurrency on the worker's subject, so two controllers append it once; the scheduler then requests
-its containers again elsewhere. Each worker started here gets a token valid for that worker alone
+its containers again elsewhere: at once, or for a worker whose node this controller can reach (its
+state dir is on this machine), once its reaper stopped what it left and WorkerFenced says so
+(fencing.py): a container id never runs twice. Each worker started here gets a token valid for that worker alone
 (TokenCreated, scope worker:<id>).
 
 Its pools are the pools file's and always a pool `build` (pools.with_build_pool: one warm worker, one
@@ -32,6 +34,7 @@ from levers9.runtime.views import ContainersView, WorkersView
 from levers9.runtime.views_clusters import ClustersView
 
 from .backends import Backend, make_backend
+from .fencing import Fencer
 from .heartbeats import HeartbeatTable, still_beating
 from .pools import PoolConfig, PoolWorker, load_pools, pool_delta, with_unprojected
 from .rules import HEARTBEAT_EXPIRED, WorkerLoad, WorkerState, idle_for, idle_since, lost_workers
@@ -69,6 +72,8 @@ class PoolControllerService(Service):
         self.exited: set[str] = set()  # workers whose process exited, not yet declared lost
         self.dirty = asyncio.Event()
         self.decisions: dict[str, str] = {}
+        self.fencer = Fencer(settings.home_path)
+        self.fences_recovered = False
 
     async def on_start(self) -> None:
         for pool in self.pools.values():
@@ -87,7 +92,9 @@ class PoolControllerService(Service):
         await _wait(stop, FIRST_PASS_AFTER_S)
         while not stop.is_set():
             try:
+                await self.recover_fences()
                 await self.declare_lost()
+                await self.fencer.fence_pending(self.bus)
                 for pool in self.pools.values():
                     await self.reconcile(pool)
             except Exception:  # noqa: BLE001 - the next pass tries again
@@ -130,11 +137,22 @@ class PoolControllerService(Service):
             self.heartbeats.restart(f"worker {worker_id} beats but the table missed it")
         return beating is False
 
+    async def recover_fences(self) -> None:
+        """Once, at the first pass: lost workers of this machine whose fence a previous run left undone."""
+        if self.fences_recovered:
+            return
+        rows = await self.pool.fetch("SELECT worker_id FROM pool_controller.workers WHERE status = 'lost'")
+        await self.fencer.recover(self.bus, [r["worker_id"] for r in rows if self.fencer.can_fence(r["worker_id"])])
+        self.fences_recovered = True
+
     async def append_lost(self, worker_id: str, why: str, last_seq: int) -> None:
+        fence = self.fencer.can_fence(worker_id)  # its node is this machine: its containers wait for the fence
         try:
-            await self.bus.append(envelope(E.WorkerLost(worker_id=worker_id, reason=why),
+            await self.bus.append(envelope(E.WorkerLost(worker_id=worker_id, reason=why, awaits_fence=fence),
                                            workspace=SYSTEM_WORKSPACE), last_seq)
             log.warning("worker %s lost: %s", worker_id, why)
+            if fence:
+                self.fencer.pending.add(worker_id)
             self.exited.discard(worker_id)
             if worker_id in self.started_here:  # still running (a cut link): its containers run elsewhere now
                 for backend in self.backends.values():

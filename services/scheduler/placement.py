@@ -42,6 +42,7 @@ class WorkerState:
     last_seq: int = 0
     restorable: frozenset[str] = frozenset()  # shared checkpoints it announced it can restore
     cluster: str = ""  # the attached cluster it runs on (WorkerProvisioned, never the worker's own word)
+    fence_awaited: bool = False  # lost, and what it left runs until WorkerFenced says it was stopped
 
     @property
     def cpu_free(self) -> int:

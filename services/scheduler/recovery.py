@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import json
 import logging
+from dataclasses import replace
 from typing import Any, Mapping
 
 import asyncpg
 import msgspec
+import nats.js.errors
 
+from levers9.contracts import SYSTEM_WORKSPACE, ContractError, decode, subjects
 from levers9.contracts import events as E
 from levers9.contracts.spec import CheckpointRef, Resources
 
@@ -62,6 +65,36 @@ async def load_clusters(conn: asyncpg.Connection, schema: str) -> tuple[Clusters
             clusters[r["name"]] = (owner, admitted | {r["workspace"]})
     on_cluster = {r["worker_id"]: r["cluster"] for r in await conn.fetch(f"SELECT * FROM {schema}.cluster_workers")}
     return clusters, on_cluster
+
+
+async def awaiting_fence(bus: Any, state: State) -> State:
+    """The state with `fence_awaited` set on each lost worker whose last WorkerLost awaits a fence
+    that no WorkerFenced answered since (the projection keeps neither: the log does). Only lost
+    workers that still have containers on them are looked up (two reads of the log each)."""
+    on_lost = {c.worker_id for c in state.containers.values()
+               if c.worker_id in state.workers and state.workers[c.worker_id].state.status == "lost"}
+    workers = dict(state.workers)
+    for wid in sorted(on_lost):
+        lost_seq, lost = await _last(bus, wid, "WorkerLost")
+        fenced_seq, _ = await _last(bus, wid, "WorkerFenced")
+        if isinstance(lost, E.WorkerLost) and lost.awaits_fence and fenced_seq < lost_seq:
+            w = workers[wid]
+            workers[wid] = replace(w, state=replace(w.state, fence_awaited=True))
+    return replace(state, workers=workers)
+
+
+async def _last(bus: Any, worker_id: str, event_type: str) -> tuple[int, E.Event | None]:
+    """The sequence and event of a worker's last event of that type (0, None: none)."""
+    subject = subjects.filter_subject(workspace=SYSTEM_WORKSPACE, aggregate="worker", aggregate_id=worker_id,
+                                      event_type=event_type)
+    try:
+        msg = await bus.js.get_last_msg(subjects.STREAM, subject)
+    except nats.js.errors.NotFoundError:
+        return 0, None
+    try:
+        return int(msg.seq or 0), decode(msg.data).event
+    except ContractError:
+        return int(msg.seq or 0), None
 
 
 def worker_state(row: Mapping[str, Any], on_cluster: Mapping[str, str] | None = None) -> WorkerState:

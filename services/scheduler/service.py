@@ -31,7 +31,7 @@ from levers9.runtime.views_clusters import ClustersView
 from . import catalogues
 from .memory import Memory, Touched
 from .placer import Placer
-from .recovery import load
+from .recovery import awaiting_fence, load
 from .state import (
     Container,
     Release,
@@ -69,6 +69,7 @@ class SchedulerService(Service):
 
     async def on_start(self) -> None:
         state, positions = await load(self.pool, self.schema)
+        state = await awaiting_fence(self.bus, state)  # lost workers whose containers wait for their fence
         self.memory = Memory(state, {p.name: positions.get(p.name, 0) for p in self.projections})
         self._placer = Placer(self.memory, self.bus.append, self.bus.publish)
         self.placer.catalogues.update(await catalogues.newest(self.settings))

@@ -125,8 +125,12 @@ def fold_worker(worker: Worker | None, ev: E.Event, seq: int) -> Worker:
         state = replace(state, cordoned=isinstance(ev, E.WorkerCordoned))
     elif isinstance(ev, E.WorkerCatalogueChecked):
         state = replace(state, restorable=frozenset(ev.restorable))
+    elif isinstance(ev, E.WorkerFenced):  # what it left is stopped: its containers may run elsewhere now
+        state = replace(state, fence_awaited=False)
     else:
         state = _worker_status(state, ev)
+        if isinstance(ev, (E.WorkerLost, E.WorkerRegistered)):  # a new run of it fenced what the old one left
+            state = replace(state, fence_awaited=isinstance(ev, E.WorkerLost) and ev.awaits_fence)
     return Worker(state, slots)
 
 
@@ -271,11 +275,13 @@ def releases(workers: Mapping[str, Worker], containers: Mapping[ContainerKey, Co
 
 
 def lost_containers(workers: Mapping[str, Worker], containers: Iterable[Container]) -> list[Container]:
-    """Containers placed on a worker that is lost: to be requested again, elsewhere."""
+    """Containers placed on a worker that is lost: to be requested again, elsewhere, once what the
+    worker left on its node is stopped (WorkerFenced, when its WorkerLost awaits one): a container id
+    never runs on two workers at once."""
     out = []
     for c in containers:
         w = workers.get(c.worker_id) if c.status in ON_WORKER else None
-        if w is not None and w.state.status == "lost" and c.request is not None:
+        if w is not None and w.state.status == "lost" and not w.state.fence_awaited and c.request is not None:
             out.append(c)
     return out
 

@@ -8,17 +8,35 @@ dead run's heartbeat expires (and then, re-requested away from this worker, poss
 
 A placement of one of them still in this worker's consumer (delivered again because the dead run
 never acknowledged it) is older than the ContainerFailed said here: it is marked overtaken, and
-the worker skips it rather than starting a container the log says failed.
+the worker skips it rather than starting a container the log says failed. It then says the node is
+fenced (WorkerFenced): nothing of the dead run runs any more.
+
+Fencing without the worker (`python -m levers9.worker.restart reap WORKER_ID`, run by the pool
+controller for a worker it declared lost, and by `levers9 down`): the worker's state dir has a run
+lock (flock) that its live run holds for its whole life and the kernel frees when it dies, so a free
+lock proves no run of it is alive; a held one belongs to a run that was declared lost while alive
+(hung, cut off), which the reaper kills (pid and start time recorded in the lock) before it removes
+everything that run left: runc/CRIU processes of its root, its containers (a paused one is thawed
+and its cgroup killed), overlay and FUSE mounts, veths, network namespaces, address claims, buckets.
 """
 
 from __future__ import annotations
 
+import asyncio
+import fcntl
+import json
 import logging
+import os
+import signal
+import sys
+import time
+from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 import nats.js.errors
+import psutil
 
-from levers9.contracts import envelope, subjects
+from levers9.contracts import SYSTEM_WORKSPACE, envelope, subjects
 from levers9.contracts import events as E
 
 from .placement import Overtaken
@@ -35,6 +53,8 @@ REASON = ("its worker {worker} ended without stopping it (killed or crashed); th
           "removed what was left of it")
 PROJECTION_WAIT_S = 30.0
 PLACEMENTS = "worker-{}"  # the worker's durable consumer of its placements (WorkerService.reactions)
+RUN_LOCK = "run.lock"  # in the worker's state dir: held by its live run (and by a reaper at work)
+LOCK_WAIT_S = 120.0
 
 
 def gone(rows: Iterable[Mapping[str, Any]], running: Iterable[str], acked: int) -> list[tuple[str, str, str]]:
@@ -79,4 +99,125 @@ async def report_gone(service: Any, removed: list[str], overtaken: Overtaken) ->
     if found:
         log.warning("reported %d containers a previous run of this worker left as failed: %s",
                     len(found), [cid for _, cid, _ in found])
+    # whatever was left is gone: a WorkerLost that awaits a fence (its containers wait to be placed
+    # again) is answered here when the pool controller could not do it itself
+    await service.bus.publish(envelope(E.WorkerFenced(worker_id=service.worker_id, containers=sorted(removed),
+                                                      by="its next start"), workspace=SYSTEM_WORKSPACE))
     return len(found)
+
+
+# ---- the run lock ------------------------------------------------------------------------------
+
+def try_run_lock(state_dir: Path) -> int | None:
+    """The run lock's fd (held now, and recorded as this process's), or None when a live process holds it."""
+    state_dir.mkdir(parents=True, exist_ok=True)
+    fd = os.open(state_dir / RUN_LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    me = psutil.Process()
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, json.dumps({"pid": me.pid, "started": me.create_time()}).encode(), 0)
+    return fd
+
+
+def take_run_lock(state_dir: Path, timeout: float = LOCK_WAIT_S, what: str = "worker") -> int:
+    """Wait for the run lock (a reaper removing what a dead run left holds it for seconds)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        fd = try_run_lock(state_dir)
+        if fd is not None:
+            return fd
+        if time.monotonic() >= deadline:
+            raise RuntimeError(f"another process (pid {lock_holder(state_dir) or '?'}) holds the state of {what} "
+                               f"{state_dir.name}: a second run of the same worker id? Stop it first.")
+        time.sleep(0.2)
+
+
+def lock_holder(state_dir: Path) -> int | None:
+    """The live process recorded in the run lock (pid and start time both match), or None."""
+    try:
+        rec = json.loads((state_dir / RUN_LOCK).read_text() or "{}")
+        proc = psutil.Process(int(rec["pid"]))
+        return proc.pid if abs(proc.create_time() - float(rec["started"])) < 0.01 else None
+    except (OSError, ValueError, KeyError, TypeError, psutil.Error):
+        return None
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL a process and every descendant, and wait for them (a frozen one is not waited on)."""
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return
+    for p in procs:
+        try:
+            p.send_signal(signal.SIGKILL)
+        except psutil.Error:
+            pass
+    psutil.wait_procs(procs, timeout=10)
+
+
+def strays_of(runc_root: Path) -> list[int]:
+    """runc processes of this root (a checkpoint or restore the dead run had started: CRIU is their
+    child) still alive after their worker."""
+    root = str(runc_root)
+    out = []
+    for p in psutil.process_iter(["pid", "cmdline"]):
+        cmd = p.info.get("cmdline") or []
+        if p.pid != os.getpid() and any(root == a or a.startswith(root + "/") for a in cmd):
+            out.append(p.pid)
+    return out
+
+
+# ---- the reaper --------------------------------------------------------------------------------
+
+async def reap(settings: Any, worker_id: str) -> list[str]:
+    """Stop and remove everything a dead (or lost) run of `worker_id` left on this node; the ids
+    of the containers removed. The run still alive (declared lost while it ran) is killed first."""
+    from levers9.worker import volumes
+    from levers9.worker.runtime import choose_runtime
+
+    state_dir = settings.home_path / "workers" / worker_id
+    if not state_dir.is_dir():
+        return []
+    fd = try_run_lock(state_dir)
+    if fd is None:
+        holder = lock_holder(state_dir)
+        if holder is not None:
+            log.warning("worker %s (pid %d) still runs though it was lost: killing it", worker_id, holder)
+            kill_tree(holder)
+        fd = await asyncio.to_thread(take_run_lock, state_dir, 30.0)
+    try:
+        for pid in strays_of(state_dir / "runc"):
+            kill_tree(pid)
+        runtime, _ = choose_runtime(settings, state_dir)
+        removed = await runtime.cleanup_all()
+        await volumes.WorkerVolumes(settings, worker_id, state_dir, _no_secrets).clean_stale()
+        return removed
+    finally:
+        os.close(fd)
+
+
+async def _no_secrets(container_id: str, names: list[str]) -> dict[str, str]:
+    return {}
+
+
+def main(argv: list[str]) -> int:
+    """`python -m levers9.worker.restart reap WORKER_ID`: prints {"removed": [...]} as its last line."""
+    from levers9.runtime.config import Settings
+
+    if len(argv) != 2 or argv[0] != "reap":
+        print("usage: python -m levers9.worker.restart reap WORKER_ID", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    removed = asyncio.run(reap(Settings.load(), argv[1]))
+    print(json.dumps({"removed": removed}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

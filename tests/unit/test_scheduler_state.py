@@ -211,6 +211,30 @@ def test_a_lost_workers_containers_are_requested_again_from_their_request():
     assert lost_containers(s.workers, _placed("stopped").values()) == []
 
 
+def test_a_lost_worker_that_awaits_a_fence_keeps_its_containers_until_it_is_fenced():
+    """A container id never runs twice: a WorkerLost that awaits a fence holds its containers back
+    until WorkerFenced (the pool controller's reaper) or a new run of the worker (which fenced them)."""
+    lost = [(msg(registered("w0")), 1), (msg(E.WorkerLost(worker_id="w0", awaits_fence=True)), 2)]
+    containers = _placed("ready").values()
+    assert lost_containers(fold_all(State(), lost).workers, containers) == []
+    fenced = fold_all(State(), [*lost, (msg(E.WorkerFenced(worker_id="w0", containers=["c0"])), 3)])
+    assert [c.container_id for c in lost_containers(fenced.workers, containers)] == ["c0"]
+    # a WorkerFenced that came before the loss (a start's) fences nothing of the run lost after it
+    early = fold_all(State(), [(msg(registered("w0")), 1), (msg(E.WorkerFenced(worker_id="w0")), 2),
+                               (msg(E.WorkerLost(worker_id="w0", awaits_fence=True)), 3)])
+    assert lost_containers(early.workers, containers) == []
+
+
+@settings(max_examples=200, deadline=None)
+@given(events=worker_events("w0"), awaits=st.booleans())
+def test_no_container_of_a_lost_worker_is_requested_again_between_its_loss_and_its_fence(events, awaits):
+    w = None
+    for seq, ev in enumerate([*events, E.WorkerLost(worker_id="w0", awaits_fence=awaits)], start=1):
+        w = fold_worker(w, ev, seq)
+    assert w is not None and w.state.fence_awaited == awaits
+    assert bool(lost_containers({"w0": w}, _placed("ready").values())) == (not awaits)
+
+
 def test_finished_containers_are_forgotten_once_they_hold_no_slot():
     workers = _with_slot()
     assert forget_finished(_placed("stopped"), workers.values()) == []

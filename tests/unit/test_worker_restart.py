@@ -42,3 +42,59 @@ def test_never_what_runs_never_what_ended_and_never_a_placement_still_to_come(sp
     for r in rows:  # and everything begun that does not run is reported
         if r["status"] in BEGUN and r["container_id"] not in running:
             assert r["container_id"] in out
+
+
+# ---- the run lock and the reaper (fencing a dead or lost run) ------------------------------------
+
+HOLD = """
+import sys, time
+from pathlib import Path
+from levers9.worker.restart import take_run_lock
+take_run_lock(Path(sys.argv[1]))
+print("held", flush=True)
+time.sleep(600)
+"""
+
+
+def _holder(state_dir):
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-c", HOLD, str(state_dir)], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "held"
+    return proc
+
+
+def test_the_run_lock_is_held_while_its_run_lives_and_free_once_it_died(tmp_path):
+    import os
+
+    from levers9.worker.restart import lock_holder, try_run_lock
+
+    proc = _holder(tmp_path)
+    try:
+        assert try_run_lock(tmp_path) is None and lock_holder(tmp_path) == proc.pid
+    finally:
+        proc.kill()
+        proc.wait()
+    fd = try_run_lock(tmp_path)  # the kernel freed it with its process: no run of it is alive
+    assert fd is not None and lock_holder(tmp_path) == os.getpid()
+    os.close(fd)
+
+
+async def test_the_reaper_kills_a_run_declared_lost_while_alive_then_removes_what_it_left(tmp_path):
+    from levers9.runtime.config import Settings
+    from levers9.worker.restart import reap, try_run_lock
+
+    state_dir = tmp_path / "workers" / "w-lost"
+    (state_dir / "containers" / "c-left").mkdir(parents=True)
+    proc = _holder(state_dir)
+    try:
+        removed = await reap(Settings(home=str(tmp_path), runtime="process"), "w-lost")
+        assert proc.wait(timeout=10) is not None  # killed: a lost run must not go on running its containers
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert removed == ["c-left"] and not (state_dir / "containers" / "c-left").exists()
+    assert try_run_lock(state_dir) is not None  # and it let go of the lock
+    assert await reap(Settings(home=str(tmp_path), runtime="process"), "never-ran") == []

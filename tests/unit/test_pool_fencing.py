@@ -1,0 +1,64 @@
+"""The pool controller's fencing of lost workers (levers9.pool_controller.fencing): WorkerFenced only
+after the reaper succeeded, a failed fence stays pending, and a restarted controller finds the lost
+workers whose fence is still to be done from the log."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import nats.js.errors
+
+from levers9.contracts import SYSTEM_WORKSPACE, decode, encode, envelope
+from levers9.contracts import events as E
+from levers9.pool_controller.fencing import FenceFailed, Fencer
+
+
+class _Bus:
+    def __init__(self, last: dict[str, tuple[int, E.Event]] | None = None) -> None:
+        self.published: list = []
+        self.last = last or {}
+        self.js = self
+
+    async def publish(self, env) -> None:
+        self.published.append(env)
+
+    async def get_last_msg(self, stream: str, subject: str):
+        wid, etype = subject.split(".")[-2:]
+        if (wid, etype) not in self.last:
+            raise nats.js.errors.NotFoundError()
+        seq, ev = self.last[(wid, etype)]
+        return SimpleNamespace(seq=seq, data=encode(envelope(ev, workspace=SYSTEM_WORKSPACE)))
+
+
+async def test_fenced_is_said_only_after_the_reaper_succeeded_and_a_failure_stays_pending(tmp_path):
+    fencer = Fencer(tmp_path)
+    (tmp_path / "workers" / "w-ok").mkdir(parents=True)
+    assert fencer.can_fence("w-ok") and not fencer.can_fence("w-elsewhere")
+    outcomes = {"w-ok": ["c1", "c2"], "w-bad": FenceFailed("runc delete failed")}
+
+    async def reap(worker_id):
+        out = outcomes[worker_id]
+        if isinstance(out, Exception):
+            raise out
+        return out
+
+    fencer.reap = reap  # type: ignore[method-assign]
+    fencer.pending |= {"w-ok", "w-bad"}
+    bus = _Bus()
+    await fencer.fence_pending(bus)
+    said = [decode(encode(e)).event for e in bus.published]
+    assert said == [E.WorkerFenced(worker_id="w-ok", containers=["c1", "c2"], by="pool-controller")]
+    assert fencer.pending == {"w-bad"}  # tried again next pass; its containers keep waiting meanwhile
+
+
+async def test_a_restarted_controller_fences_what_its_previous_run_left_undone():
+    bus = _Bus({("w-undone", "WorkerLost"): (10, E.WorkerLost(worker_id="w-undone", awaits_fence=True)),
+                ("w-done", "WorkerLost"): (10, E.WorkerLost(worker_id="w-done", awaits_fence=True)),
+                ("w-done", "WorkerFenced"): (12, E.WorkerFenced(worker_id="w-done")),
+                ("w-old", "WorkerLost"): (5, E.WorkerLost(worker_id="w-old")),  # written before fencing
+                ("w-again", "WorkerFenced"): (3, E.WorkerFenced(worker_id="w-again")),
+                ("w-again", "WorkerLost"): (9, E.WorkerLost(worker_id="w-again", awaits_fence=True))})
+    fencer = Fencer(Path("/nonexistent"))
+    await fencer.recover(bus, ["w-undone", "w-done", "w-old", "w-again", "w-unknown"])
+    assert fencer.pending == {"w-undone", "w-again"}
