@@ -80,6 +80,10 @@ class Settings:
     cache_dir: str = ""  # the node cache's blobs; empty: <image_cache>/blobs (shared by the machine's workers)
     container_peers: str = "none"  # which containers may reach each other: none | deployment | workspace
     container_egress: str = ""  # networks containers may connect to beyond the bridge (CIDRs, comma-separated)
+    # build steps and package installs reach package indexes only, through the worker's egress proxy
+    # (levers9.worker.egress): the host's pip and apt sources, and these hosts (host[:port], comma-separated)
+    egress_allow: str = ""
+    egress_proxy_port: int = 0  # where that proxy listens on the bridge's host address; 0: any free port
     image_cache: str = "/var/cache/levers9"  # base root file systems, shared by workers of a machine
     pools_file: str = ""  # pools config (TOML); empty: one pool `default`, local backend, 1 warm worker
     secret_key: str = ""  # the secrets keyring inline (levers9.runtime.secrets); else secret_key_file

@@ -1,7 +1,8 @@
 """A thin async wrapper of the buildah and skopeo CLIs (Debian's), as the builder uses them.
 
 Every call raises `ToolError` with the command and its output when the tool exits non-zero, except
-`run`, whose exit code is the build step's result. Registries on loopback speak plain HTTP, so
+`run`, whose exit code is the build step's result. A step runs in a network namespace the worker
+made for it (never the host's: `run_argv`). Registries on loopback speak plain HTTP, so
 references to them get `--tls-verify=false` (and only those).
 
 Also what a `buildah run` must see of the host for pip inside it to install from where pip on this
@@ -115,12 +116,22 @@ async def commit(container: str, image: str) -> str:
     return (await tool("buildah", "commit", "--quiet", container, image)).strip().splitlines()[-1]
 
 
-async def run(container: str, argv: list[str], *, env: list[str], mounts: list[Mount],
+def run_argv(container: str, argv: list[str], *, netns: Path, env: list[str], mounts: list[Mount]) -> list[str]:
+    """The `buildah run` command of a step (pure): in the network namespace `netns` (never the
+    host's), the step's environment and read-only mounts, its argv after `--` (never read as
+    buildah's options)."""
+    if not netns.is_absolute():
+        raise ValueError(f"a step's network namespace must be an absolute path, not {netns}")
+    return ["buildah", "run", "--network", f"ns:{netns}", *[a for e in env for a in ("--env", e)],
+            *[a for m in mounts for a in ("-v", m.flag())], container, "--", *argv]
+
+
+async def run(container: str, argv: list[str], *, netns: Path, env: list[str], mounts: list[Mount],
               on_line: Callable[[str], Awaitable[None]], timeout: float) -> int:
-    """`buildah run` with the host's network: each output line (stdout and stderr merged) goes to
-    `on_line` as it comes; the command's exit code (None: killed after `timeout`, as -9)."""
-    cmd = ["buildah", "run", "--network", "host", *[a for e in env for a in ("--env", e)],
-           *[a for m in mounts for a in ("-v", m.flag())], container, "--", *argv]
+    """`buildah run` in the network namespace `netns` (its own, levers9.worker.egress_proxy.lane):
+    each output line (stdout and stderr merged) goes to `on_line` as it comes; the command's exit
+    code (killed after `timeout`: -9)."""
+    cmd = run_argv(container, argv, netns=netns, env=env, mounts=mounts)
     proc = await asyncio.create_subprocess_exec(*cmd, stdin=asyncio.subprocess.DEVNULL, limit=LINE_LIMIT,
                                                 stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
     assert proc.stdout is not None
@@ -272,13 +283,18 @@ def pip_env(env: Mapping[str, str]) -> list[str]:
     return [f"{k}={v}" for k, v in sorted(env.items()) if k.startswith("PIP_")]
 
 
+def host_pip_texts(env: Mapping[str, str]) -> list[str]:
+    """The text of every pip config file of this host (reads them)."""
+    texts = []
+    for host, _ in pip_config_paths(Path(env.get("HOME") or Path.home()), env):
+        for file in ([*sorted(host.glob("*.conf"))] if host.is_dir() else [host]):
+            with contextlib.suppress(OSError):
+                texts.append(file.read_text(errors="replace"))
+    return texts
+
+
 def host_pip_mounts(env: Mapping[str, str] | None = None) -> tuple[list[Mount], list[str]]:
     """This host's pip mounts and PIP_* variables (reads the config files)."""
     env = dict(os.environ if env is None else env)
     configs = pip_config_paths(Path(env.get("HOME") or Path.home()), env)
-    texts = []
-    for host, _ in configs:
-        for file in ([*sorted(host.glob("*.conf"))] if host.is_dir() else [host]):
-            with contextlib.suppress(OSError):
-                texts.append(file.read_text(errors="replace"))
-    return pip_mounts(configs, texts, env, os.path.exists), pip_env(env)
+    return pip_mounts(configs, host_pip_texts(env), env, os.path.exists), pip_env(env)

@@ -6,7 +6,7 @@ image-builder) and runs each remaining step in its own working container on top 
 step's image, so every step is one layer that later builds reuse:
 
     buildah from <registry>/levers9/cache:<hash of step k-1>   (or the base)
-    buildah run --network host … -- <the step's argv>           (output streamed as log events)
+    buildah run --network ns:<its own> … -- <the step's argv>   (output streamed as log events)
     buildah commit → localhost/levers9/cache:<hash>, pushed to <registry>/levers9/cache:<hash>
     … and at the end: buildah config --env, commit and push levers9/images:<image id>
 
@@ -14,6 +14,11 @@ The platform base (PLATFORM_BASE) is made once per registry from the worker's ba
 user's base image is pulled as named. pip inside a step sees the host's pip configuration (config
 files, local wheel dirs and file:// indexes, certificates, PIP_* variables), bound read-only: builds
 install from wherever this machine's pip installs from, and no host name is written anywhere.
+
+A step is tenant code: it runs in a network namespace of its own on the worker's bridge, firewalled
+like a container, whose one way out is the worker's egress proxy to the package indexes
+(levers9.worker.egress_proxy: `lane`, and the HTTP(S)_PROXY variables of `env`); never the host's
+network, so never the control plane's ports. Its only host mounts are the pip ones above.
 
 Pure parts (tested alone): a step's argv (step_argv), log batching (Batcher), which mount points a
 run creates (missing_chain); which host paths pip needs is buildah.pip_mounts.
@@ -31,7 +36,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import Awaitable, Callable, Literal
+from typing import AsyncContextManager, Awaitable, Callable, Literal, Protocol
 
 from levers9.contracts import Envelope, envelope
 from levers9.contracts import events as E
@@ -114,6 +119,14 @@ Emit = Callable[[E.Event], Awaitable[object]]
 State = Literal["cached", "running", "log", "done", "failed", "pushing"]
 
 
+class Lanes(Protocol):
+    """Where a step's network comes from (levers9.worker.egress_proxy.Egress)."""
+
+    def lane(self, owner: str) -> AsyncContextManager[Path]: ...
+
+    def env(self) -> dict[str, str]: ...
+
+
 @dataclass
 class BuildHost:
     """What a build needs of the worker it runs on."""
@@ -121,6 +134,7 @@ class BuildHost:
     image_cache: Path  # where the base root fs lives (settings.image_cache)
     builder: str  # this worker's id
     emit: Emit  # appends an event (in the build's workspace, correlated with its start)
+    lanes: Lanes  # each step's own network namespace, and the proxy variables
     pip: tuple[list[Mount], list[str]] = field(default_factory=host_pip_mounts)
 
 
@@ -214,9 +228,11 @@ class Build:
         created = await self.mount_points(mounts) if mounts else None
         ticker = asyncio.create_task(self.tick(step.index))
         try:
-            code = await buildah.run(self.container, step_argv(step), env=env_list(self.started.blueprint) + pip_vars,
-                                     mounts=mounts, on_line=lambda line: self.line(step.index, line),
-                                     timeout=STEP_TIMEOUT_S)
+            async with self.host.lanes.lane(f"{self.container}-{step.index}") as netns:
+                proxy = [f"{k}={v}" for k, v in self.host.lanes.env().items()]  # last: ours win
+                code = await buildah.run(self.container, step_argv(step), netns=netns,
+                                         env=env_list(self.started.blueprint) + pip_vars + proxy, mounts=mounts,
+                                         on_line=lambda line: self.line(step.index, line), timeout=STEP_TIMEOUT_S)
         finally:
             ticker.cancel()
             await self.flush(step.index)
@@ -342,9 +358,9 @@ class Builds:
     A redelivered start of a build already taken here is ignored."""
 
     def __init__(self, worker_id: str, registry: str, image_cache: Path,
-                 publish: Callable[[Envelope], Awaitable[object]]) -> None:
+                 publish: Callable[[Envelope], Awaitable[object]], lanes: Lanes) -> None:
         self.worker_id, self.registry, self.image_cache = worker_id, registry, image_cache
-        self.publish = publish
+        self.publish, self.lanes = publish, lanes
         self.turn = asyncio.Lock()  # fair: builds run in the order they were taken
         self.taken: set[tuple[str, int]] = set()
         self.tasks: set[asyncio.Task] = set()
@@ -389,7 +405,7 @@ class Builds:
         try:
             self.current = event.image_id
             host = BuildHost(registry=self.registry, image_cache=self.image_cache, builder=self.worker_id,
-                             emit=emit)
+                             emit=emit, lanes=self.lanes)
             result = await run_build(event, host)
             log.info("build of %s: %s", event.image_id, type(result).__name__)
             return result

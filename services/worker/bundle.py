@@ -13,6 +13,7 @@ no file: the status is then unknown (None).
 from __future__ import annotations
 
 import shlex
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +36,20 @@ READONLY_PATHS = ["/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysr
 # what the spec enforces (1: seccomp); a process keeps the seccomp filter it was dumped with, so a
 # checkpoint of a container that ran under less is never restored (levers9.worker.runc_criu)
 HARDENING = 1
+
+
+@dataclass(frozen=True)
+class JobSpec(ContainerSpec):
+    """A one-off container of tenant code that the worker runs for a sandbox (its `packages=`
+    install, where setup.py runs): a sandbox's confinement (its image, runc, capabilities, seccomp,
+    a network namespace of its own, no peers), and one way out: its worker's egress proxy
+    ("IP:PORT", levers9.worker.egress_proxy) to the package indexes."""
+    egress_proxy: str = ""
+
+
+def egress_proxy_of(spec: ContainerSpec) -> str:
+    """The egress proxy a container may reach ("" for every workload: only jobs have one)."""
+    return spec.egress_proxy if isinstance(spec, JobSpec) else ""
 
 
 def cgroups_path(container_id: str) -> str:

@@ -17,6 +17,11 @@ tables in one transaction, so applying it again is a no-op and a half-applied st
   default, no group at all; "deployment": same workspace and deployment; "workspace": same
   workspace). ARP passes. Ports are named by the host veth (`l9h…`, one per container), never by
   IP, so a stale entry or a spoofed address opens nothing.
+- same table, hook input: the one exception to "nothing of the host". A member with an egress
+  proxy (a build step or a package install: `Member.proxy`, "IP:PORT" of its worker's proxy,
+  levers9.worker.egress_proxy) gets its TCP packets to exactly that address and port marked
+  (EGRESS_MARK) as they leave its veth; the inet input chain accepts marked packets before its drop.
+  The mark is set by port name, never by IP, and a container cannot set it itself (no CAP_NET_ADMIN).
 
 The rules live as long as the bridge (they are what makes a container on it safe); a container's
 entries go with its claim when it is torn down; `remove` drops both tables.
@@ -35,7 +40,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from levers9.runtime.config import Settings
+
 PEER_POLICIES = ("none", "deployment", "workspace")
+EGRESS_MARK = 0x4C39E6  # packets of a member to its egress proxy (set in the bridge table, read in inet)
 
 
 class FirewallError(RuntimeError):
@@ -46,9 +54,11 @@ class FirewallError(RuntimeError):
 
 @dataclass(frozen=True)
 class Member:
-    """One container on the bridge: its host-side veth and its peer group ("" = none)."""
+    """One container on the bridge: its host-side veth, its peer group ("" = none) and the egress
+    proxy it may reach ("IP:PORT" on the host; "" = none: a workload)."""
     host_veth: str
     group: str = ""
+    proxy: str = ""
 
 
 @dataclass(frozen=True)
@@ -137,6 +147,29 @@ def _quoted(name: str) -> str:
     return f'"{name}"'
 
 
+def proxy_endpoint(proxy: str) -> tuple[ipaddress.IPv4Address | ipaddress.IPv6Address, int]:
+    """"10.209.0.1:3128" -> (address, port); FirewallError when it is anything else."""
+    host, _, port = proxy.rpartition(":")
+    try:
+        addr, number = ipaddress.ip_address(host.strip("[]")), int(port)
+    except ValueError:
+        raise FirewallError(f"egress proxy {proxy!r} is not IP:PORT") from None
+    if not 0 < number < 65536:
+        raise FirewallError(f"egress proxy {proxy!r}: port out of range")
+    return addr, number
+
+
+def _proxy_rules(members: list[Member]) -> list[str]:
+    """Bridge input: mark each proxied member's packets to its own proxy (and nothing else)."""
+    rules = []
+    for m in sorted((m for m in members if m.proxy), key=lambda m: m.host_veth):
+        addr, port = proxy_endpoint(m.proxy)
+        family = "ip" if addr.version == 4 else "ip6"
+        rules.append(f"    iifname {_quoted(m.host_veth)} {family} daddr {addr} tcp dport {port} "
+                     f"meta mark set {EGRESS_MARK:#x}")
+    return rules
+
+
 def _egress_rules(br: str, egress: list, deny: list) -> list[str]:
     rules = []
     for addr in deny:
@@ -169,6 +202,8 @@ def ruleset(bridge: str, members: Iterable[Member], egress: Iterable = (), deny:
     lines = [
         f"table inet {table}", f"delete table inet {table}", f"table inet {table} {{",
         "  chain input { type filter hook input priority -10; policy accept;",
+        *([f"    iifname {br} meta mark {EGRESS_MARK:#x} accept"]  # to its proxy (bridge table, input)
+          if any(m.proxy for m in members) else []),
         f"    iifname {br} ct state established,related accept",
         f"    iifname {br} drop",
         "  }",
@@ -178,6 +213,9 @@ def ruleset(bridge: str, members: Iterable[Member], egress: Iterable = (), deny:
         f"table bridge {table}", f"delete table bridge {table}", f"table bridge {table} {{",
         f"  set ports {{ type ifname;{_elements(m.host_veth for m in members)} }}",
         *peer_sets,
+        "  chain input { type filter hook input priority -10; policy accept;",
+        *_proxy_rules(members),
+        "  }",
         "  chain forward { type filter hook forward priority -10; policy accept;",
         "    ether type arp accept",
         *peer_rules,
@@ -227,6 +265,17 @@ async def sync(bridge: str, members_of: Callable[[], list[Member]], egress: str 
     with open(lock_dir / f".{bridge}.firewall.lock", "w") as lock:
         await asyncio.to_thread(fcntl.flock, lock, fcntl.LOCK_EX)
         await apply(ruleset(bridge, members_of(), nets, deny, forwards_of(), host_address))
+
+
+async def guard(settings: Settings, members_of: Callable[[], list[Member]],
+                forwards_of: Callable[[], list[Forward]]) -> None:
+    """The worker's rules for its bridge (what every worker of the machine renders alike): the
+    platform's addresses never egress; a host's underlay never either, its containers published."""
+    s = settings
+    await sync(s.bridge_name, members_of, s.container_egress,
+               (s.nats_url, s.database_url, s.s3_endpoint, s.registry, s.gateway_url),
+               deny_nets=s.hosts_subnet if s.host_address else "", host_address=s.host_address,
+               forwards_of=forwards_of if s.host_address else list)
 
 
 async def remove(bridge: str) -> None:

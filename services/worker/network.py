@@ -90,6 +90,7 @@ class Claim:
     netns: str
     group: str = ""
     port: int = 0  # the container's port (published on the host's address when the worker is a host)
+    proxy: str = ""  # "IP:PORT" of the egress proxy it may reach (a build step or an install), "" none
 
 
 class Ipam:
@@ -113,13 +114,15 @@ class Ipam:
             found.append(Claim(ip=path.name, container_id=data.get("container_id", ""),
                                pid=int(data.get("pid", 0)), state_dir=data.get("state_dir", ""),
                                netns=data.get("netns", ""), group=data.get("group", ""),
-                               port=int(data.get("port", 0))))
+                               port=int(data.get("port", 0)), proxy=str(data.get("proxy", ""))))
         return found
 
-    def claim(self, container_id: str, state_dir: Path, netns: str, group: str = "", port: int = 0) -> str:
+    def claim(self, container_id: str, state_dir: Path, netns: str, group: str = "", port: int = 0,
+              proxy: str = "") -> str:
         self.dir.mkdir(parents=True, exist_ok=True)
         body = json.dumps({"container_id": container_id, "pid": os.getpid(), "state_dir": str(state_dir),
-                           "netns": netns, "group": group, "port": port}).encode()
+                           "netns": netns, "group": group, "port": port,
+                           **({"proxy": proxy} if proxy else {})}).encode()
         tried: set[str] = set()
         reclaimed = False
         while True:
@@ -143,7 +146,7 @@ class Ipam:
 
     def members(self) -> list[firewall.Member]:
         """The firewall's view of the bridge: every claimed container's host veth and peer group."""
-        return [firewall.Member(firewall.host_veth_of(c.netns), c.group) for c in self.claims()
+        return [firewall.Member(firewall.host_veth_of(c.netns), c.group, c.proxy) for c in self.claims()
                 if firewall.host_veth_of(c.netns)]
 
     def forwards(self, base: int) -> list[firewall.Forward]:

@@ -27,7 +27,16 @@ from levers9.runtime.config import Settings
 
 from . import cgroups, firewall, hosts, network, rootfs
 from . import checkpoint as ckpt
-from .bundle import EXIT_FILE, LOG_FILE, bundle_spec, cgroups_path, spec_record, upper_files, write_upper
+from .bundle import (
+    EXIT_FILE,
+    LOG_FILE,
+    bundle_spec,
+    cgroups_path,
+    egress_proxy_of,
+    spec_record,
+    upper_files,
+    write_upper,
+)
 from .container import ContainerError, ContainerSpec, Exit, Progress, Runtime, Started, exit_of, proc_state, start_time
 from .images import ImageMounts
 from .mounts import detach, mount_overlay, mount_points, mounts_under, unmount
@@ -85,13 +94,10 @@ class RuncLifecycle(Runtime):
 
     async def guard(self) -> None:
         """The bridge's firewall rules for the containers claimed on it now (levers9.worker.firewall)."""
-        s = self.settings
         # a host (levers9.worker.hosts): its containers are published on its address, and its whole
         # underlay (the machine, the other hosts) is never their egress
-        await firewall.sync(s.bridge_name, self.ipam.members, s.container_egress,
-                            (s.nats_url, s.database_url, s.s3_endpoint, s.registry, s.gateway_url),
-                            deny_nets=s.hosts_subnet if s.host_address else "", host_address=s.host_address,
-                            forwards_of=lambda: self.ipam.forwards(s.publish_port_base) if s.host_address else [])
+        await firewall.guard(self.settings, self.ipam.members,
+                             lambda: self.ipam.forwards(self.settings.publish_port_base))
 
     def address_of(self, rec: Record) -> str:
         """Where the gateway reaches the container: its bridge address, or its host's published port."""
@@ -162,7 +168,8 @@ class RuncLifecycle(Runtime):
         rec = Record(cid, ip="", port=spec.port, memory_mib=spec.memory_mib)
         try:
             names = self.names(cid)
-            rec.ip = self.ipam.claim(cid, self.state_dir, names.netns, group=self.peer_group(spec), port=spec.port)
+            rec.ip = self.ipam.claim(cid, self.state_dir, names.netns, group=self.peer_group(spec), port=spec.port,
+                                     proxy=egress_proxy_of(spec))  # a package install's only way out
             self._save(rec)
             write_upper(cdir / "upper", upper_files(spec, rec.ip))
             await self._overlay_and_network(rec, cdir, spec.image)

@@ -1,34 +1,51 @@
 """The worker's side of Python function sandboxes (code.kind "function").
 
 A sandbox is a container whose runner also runs the executor (levers9.executor). The worker gives
-it three binds (its socket directory, cloudpickle beside the SDK, the node's cache of per-sandbox
-package installs), checks the executor's protocol generation before calling it ready, and lets the
-gateway reach the executor through its relay (executor_relay.py): the address published in
-ContainerReady is the relay's, not the container's.
+it three binds (its socket directory, cloudpickle beside the SDK, the node's cache of package
+installs for its workspace and image), checks the executor's protocol generation before calling it
+ready, and lets the gateway reach the executor through its relay (executor_relay.py): the address
+published in ContainerReady is the relay's, not the container's.
+
+A function's `packages=` is tenant code (a setup.py runs when pip builds an sdist): it is installed
+in a one-off install container (`install_spec`, a bundle.JobSpec: the sandbox's image, runc,
+capabilities and seccomp, a network namespace whose one way out is the worker's egress proxy to the
+package indexes), never by this process. Nothing the tenant wrote is read here but the install's
+log, through `read_tail` (no symlink followed).
 """
 
 from __future__ import annotations
 
 import asyncio
-import fcntl
+import errno
 import hashlib
 import logging
 import os
 import shutil
-import subprocess
-import sys
+import stat
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from levers9.contracts.spec import DeploymentSpec
+from levers9.contracts.spec import DeploymentSpec, ImageRef
+from levers9.contracts.volumes import Bind
 from levers9.executor import packages, wire
 from levers9.runtime.config import Settings
 
+from .buildah import Mount, host_pip_mounts
+from .bundle import LOG_FILE, JobSpec
+from .container import ContainerSpec, Exit, Runtime
+from .egress import proxy_env
+from .egress_proxy import Egress
 from .executor_relay import Relay, executor_hello, vendor_dir
+from .runc_lifecycle import RuncLifecycle
 
 log = logging.getLogger("levers9.worker.sandboxes")
+
+INSTALL_TIMEOUT_S = 900.0  # an install that runs longer is killed and fails the sandbox's start
+INSTALL_MEMORY_MIB = 1024  # at least this for an install (pip and a build backend), whatever the sandbox has
+POLL_S = 0.1
+TAIL_BYTES = 8192
 
 
 def is_function(spec: DeploymentSpec | None) -> bool:
@@ -53,6 +70,8 @@ class Sandboxes:
         self.relay = Relay(self.ready.get)
         self.port = 0
         self.server: asyncio.Server | None = None
+        self.pip: tuple[list[Mount], list[str]] = host_pip_mounts()  # what pip on this host reads
+        self.egress = Egress(settings, state_dir)  # installs' (and this worker's build steps') one way out
 
     async def serve(self, stop: asyncio.Event) -> None:
         host = self.settings.http_host
@@ -64,48 +83,41 @@ class Sandboxes:
         finally:
             self.server.close()
 
-    def container_fields(self, container_id: str, workspace: str) -> dict[str, Any]:
+    def container_fields(self, container_id: str, workspace: str, image: ImageRef | None = None) -> dict[str, Any]:
         """The ContainerSpec fields of a function sandbox (its socket directory made afresh)."""
         executor_dir = self.root / container_id
         shutil.rmtree(executor_dir, ignore_errors=True)
         executor_dir.mkdir(parents=True)
         executor_dir.chmod(0o777)  # the sandbox's user creates its socket here
-        packages = Path(self.settings.image_cache) / "packages" / workspace  # per workspace: no cross-tenant cache
-        packages.mkdir(parents=True, exist_ok=True)
         return {"executor_dir": executor_dir, "vendor_dir": vendor_dir(self.settings.home_path),
-                "packages_dir": packages}
+                "packages_dir": self.packages_dir(workspace, image)}
 
-    async def preinstall(self, spec: DeploymentSpec, packages_dir: Path) -> None:
-        """Install the function's `packages=` for its sandboxes on the host side: sandboxes reach no
-        network, this worker does (with its pip configuration). The directory and its marker are the
-        executor's own (levers9.executor.packages), so the sandbox finds them and installs nothing.
-        Only when this worker's Python is the sandbox's (pip picks wheels for the running one)."""
+    def packages_dir(self, workspace: str, image: ImageRef | None) -> Path:
+        """The node's installs for one workspace and one image (the key inside adds the Python and the
+        requirements): one tenant's cache never feeds another's container, nor another image's."""
+        path = Path(self.settings.image_cache) / "packages" / cache_name(workspace) / image_key(image)
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
+    async def preinstall(self, cspec: ContainerSpec, spec: DeploymentSpec, runtime: Runtime) -> None:
+        """Install the function's `packages=` for its sandboxes in a one-off install container (tenant
+        code: a setup.py runs there) with the sandbox's confinement and the egress proxy as its one
+        way out, into the cache the sandbox binds; the sandbox then finds it and installs nothing.
+        The process runtime confines nothing: its sandboxes install for themselves."""
         requirements = list(spec.function.packages) if spec.function else []
+        if not requirements or cspec.packages_dir is None or not isinstance(runtime, RuncLifecycle):
+            return
         python = tuple(int(x) for x in self.settings.sandbox_python.split(".")[:2])
-        if not requirements or python != sys.version_info[:2]:
+        done = cspec.packages_dir / packages.packages_key(requirements, python) / packages.MARKER  # type: ignore[arg-type]
+        if cspec.image is None and os.path.lexists(done):  # the base's Python: the key is known here
             return
-        target = packages_dir / packages.packages_key(requirements, python)  # type: ignore[arg-type]
-        if (target / packages.MARKER).exists():
-            return
-        await asyncio.to_thread(self._install, requirements, target)
-
-    @staticmethod
-    def _install(requirements: list[str], target: Path) -> None:
-        with open(target.parent / f"{target.name}.lock", "a+") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            if (target / packages.MARKER).exists():  # another worker of this node did it meanwhile
-                return
-            shutil.rmtree(target, ignore_errors=True)
-            began = time.monotonic()
-            proc = subprocess.run([sys.executable, "-m", "pip", "install", "--disable-pip-version-check", "--no-input",
-                                   "--progress-bar", "off", "--target", str(target), *requirements],
-                                  capture_output=True, text=True, stdin=subprocess.DEVNULL)
-            if proc.returncode != 0:
-                tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-8:])
-                raise RuntimeError(f"installing packages {' '.join(requirements)} failed: {tail}")
-            (target / packages.MARKER).write_text(" ".join(requirements) + "\n")
-            os.chmod(target, 0o755)
-            log.info("installed %s for sandboxes in %.1f s", " ".join(requirements), time.monotonic() - began)
+        job = install_spec(cspec, requirements, await self.egress.ready(), self.pip)
+        began = time.monotonic()
+        ended, tail = await run_job(runtime, job, INSTALL_TIMEOUT_S)
+        if ended.code != 0:
+            raise RuntimeError(f"installing packages {' '.join(requirements)} failed ({ended.reason}): {tail}")
+        log.info("installed %s for sandboxes in an install container in %.1f s", " ".join(requirements),
+                 time.monotonic() - began)
 
     async def ready_address(self, container_id: str) -> str:
         """The relay address of a sandbox whose executor answered with a generation this worker
@@ -120,3 +132,80 @@ class Sandboxes:
     def forget(self, container_id: str) -> None:
         self.ready.pop(container_id, None)
         shutil.rmtree(self.root / container_id, ignore_errors=True)
+
+
+# ---- the install container (pure but run_job and read_tail) -------------------------------------
+
+def cache_name(workspace: str) -> str:
+    """A workspace as one path component (names are checked at the gateway; this never trusts that)."""
+    if workspace and workspace.replace("-", "").replace("_", "").isalnum() and len(workspace) <= 64:
+        return workspace
+    return "h-" + hashlib.sha256(workspace.encode()).hexdigest()[:16]
+
+
+def image_key(image: ImageRef | None) -> str:
+    """One directory per image a sandbox runs (its Python and libraries decide what pip installs)."""
+    if image is None:
+        return "base"
+    return "i-" + hashlib.sha256(f"{image.image_id}\0{image.digest}".encode()).hexdigest()[:16]
+
+
+def install_id(container_id: str) -> str:
+    return f"{container_id[:100]}-install"
+
+
+def install_spec(cspec: ContainerSpec, requirements: list[str], proxy: str,
+                 pip: tuple[list[Mount], list[str]]) -> JobSpec:
+    """The install container of a sandbox: its image, code (a `file:///app/...` requirement) and
+    cache bind; the host's pip configuration read-only (as builds get it); the proxy variables."""
+    mounts, pip_vars = pip
+    env = {**dict(v.split("=", 1) for v in pip_vars), **proxy_env(proxy), "PYTHONUNBUFFERED": "1"}
+    return JobSpec(container_id=install_id(cspec.container_id), code_dir=cspec.code_dir, sdk_dir=cspec.sdk_dir,
+                   env=env, cpu_millicores=cspec.cpu_millicores, memory_mib=max(cspec.memory_mib, INSTALL_MEMORY_MIB),
+                   command=("python3", "-m", "levers9.executor.install", "--", *requirements), port=0,
+                   image=cspec.image, packages_dir=cspec.packages_dir,
+                   binds=tuple(Bind(m.source, m.target, read_only=True) for m in mounts), egress_proxy=proxy)
+
+
+async def run_job(runtime: RuncLifecycle, job: JobSpec, timeout: float) -> tuple[Exit, str]:
+    """Start the job's container, wait for its end (killed after `timeout`), remove it; its Exit
+    and the last lines it printed."""
+    await runtime.start(job)
+    cid = job.container_id
+    try:
+        deadline = time.monotonic() + timeout
+        while (ended := await runtime.poll(cid)) is None and time.monotonic() < deadline:
+            await asyncio.sleep(POLL_S)
+        tail = read_tail(runtime.container_dir(cid) / "upper", LOG_FILE)
+    finally:
+        await runtime.stop(cid, timeout=5)
+    if ended is None:
+        return Exit(None, f"timed out after {timeout:.0f} s"), tail
+    return ended, tail
+
+
+def read_tail(root: Path, relative: str, limit: int = TAIL_BYTES, lines: int = 12) -> str:
+    """The last lines of a file that tenant code wrote under `root` (a container's upper layer),
+    opened component by component without following a symlink, so a link planted in the container
+    never makes this process read a host file. "" when it is not a plain file there."""
+    fds: list[int] = []
+    try:
+        fds.append(os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC))
+        parts = [p for p in relative.strip("/").split("/") if p]
+        for i, part in enumerate(parts):
+            last = i == len(parts) - 1
+            flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | (0 if last else os.O_DIRECTORY)
+            fds.append(os.open(part, flags | os.O_NONBLOCK, dir_fd=fds[-1]))
+        info = os.fstat(fds[-1])
+        if not stat.S_ISREG(info.st_mode):
+            return ""
+        os.lseek(fds[-1], max(0, info.st_size - limit), os.SEEK_SET)
+        text = os.read(fds[-1], limit).decode(errors="replace")
+    except OSError as exc:
+        if exc.errno not in (errno.ENOENT, errno.ELOOP, errno.ENOTDIR):
+            log.warning("could not read a container's file: %s", exc.strerror)
+        return ""
+    finally:
+        for fd in fds:
+            os.close(fd)
+    return " | ".join(text.strip().splitlines()[-lines:])[-1500:]

@@ -97,7 +97,7 @@ class WorkerService(Service):
                                               lambda: (self.runtime.name, self.runtime.checkpoint_ready), self.ready,
                                               self.checkpoints.warm)
         self.builds = Builds(self.worker_id, self.settings.registry, Path(self.settings.image_cache),
-                             publish=lambda env: self.bus.publish(env)) \
+                             publish=lambda env: self.bus.publish(env), lanes=self.sandboxes.egress) \
             if self.settings.worker_pool == BUILD_POOL else None
 
     @property
@@ -116,7 +116,7 @@ class WorkerService(Service):
 
     def background(self):
         return [self.prepare_and_register, self.heartbeat, self.monitor, self.serve_cache, self.sandboxes.serve,
-                self.volumes.serve]
+                self.volumes.serve, self.sandboxes.egress.serve]
 
     async def serve_cache(self, stop: asyncio.Event) -> None:
         """The node content cache; the first worker of a node serves it, the others share it."""
@@ -266,7 +266,7 @@ class WorkerService(Service):
                                   image=c.spec.image_ref, workspace=c.workspace, deployment_id=c.deployment_id,
                                   binds=await self.volumes.binds(c.workspace, c.container_id, c.spec, self.runtime),
                                   **self.gpus.take(c.container_id, c.spec),
-                                  **(self.sandboxes.container_fields(c.container_id, c.workspace)
+                                  **(self.sandboxes.container_fields(c.container_id, c.workspace, c.spec.image_ref)
                                      if is_function(c.spec) else {}))
         except Exception as exc:  # noqa: BLE001 - every failure becomes ContainerFailed with its reason
             log.exception("container %s could not start", c.container_id)
@@ -274,7 +274,7 @@ class WorkerService(Service):
             return
         try:
             if cspec.packages_dir is not None:
-                await self.sandboxes.preinstall(c.spec, cspec.packages_dir)
+                await self.sandboxes.preinstall(cspec, c.spec, self.runtime)
         except Exception as exc:  # noqa: BLE001 - the call that asked for the sandbox gets why
             await self.finish(c, Exit(None, f"could not start: {exc}"), failed=True)
             return

@@ -8,7 +8,12 @@ from the blueprint's steps as the image-builder would make it.
 - the same blueprint with only its last command changed reuses every earlier step (reported cached)
   and runs only the last;
 - an unknown package fails the build at its step, with pip's own message in the log tail; this one
-  goes through the build consumer on the real NATS (a start for another builder is left alone).
+  goes through the build consumer on the real NATS (a start for another builder is left alone);
+- a step is confined: in its own network namespace on a bridge of the test's own, it reaches none of
+  the servers' ports nor any host address, and reaches the package index through the egress proxy.
+
+Steps run in namespaces on the test's bridge (BRIDGE), through an egress proxy served for the test
+(levers9.worker.egress_proxy.Egress), as on a build worker.
 
 The platform base is pushed to the registry once per registry, i.e. once per test session here.
 """
@@ -31,7 +36,10 @@ from levers9.contracts import events as E
 from levers9.contracts.images import build_steps, cached_prefix, image_id, image_tag
 from levers9.contracts.spec import ImageSpec
 from levers9.runtime.bus import Bus
+from levers9.runtime.config import Settings
+from levers9.worker import firewall, network
 from levers9.worker.builder import BuildHost, Builds, run_build
+from levers9.worker.egress_proxy import Egress
 from levers9.worker.rootfs import base_rootfs_path
 
 IMAGE_CACHE = Path(os.environ.get("LEVERS9_IMAGE_CACHE") or "/var/cache/levers9")
@@ -42,6 +50,25 @@ pytestmark = [
 ]
 
 TIMES: dict[str, float] = {}
+BRIDGE, SUBNET = "l9bldt0", "10.219.9.0/28"
+
+
+@pytest.fixture
+async def lanes(servers, tmp_path):
+    """The build worker's egress proxy and step namespaces, on the test's bridge."""
+    settings = Settings(bridge_name=BRIDGE, bridge_subnet=SUBNET, nats_url=servers.get("nats_url", ""),
+                        registry=servers.get("registry", ""))
+    egress = Egress(settings, tmp_path)
+    stop = asyncio.Event()
+    task = asyncio.create_task(egress.serve(stop))
+    try:
+        await egress.ready(60)
+        yield egress
+    finally:
+        stop.set()
+        await task
+        await firewall.remove(BRIDGE)
+        await network.ip("link", "del", BRIDGE, check=False)
 
 
 def started_event(spec: ImageSpec, builder: str, cached_hashes: set[str] = frozenset()) -> E.ImageBuildStarted:
@@ -50,14 +77,14 @@ def started_event(spec: ImageSpec, builder: str, cached_hashes: set[str] = froze
                                cached_steps=cached_prefix(steps, set(cached_hashes)))
 
 
-async def build(registry: str, started: E.ImageBuildStarted) -> tuple[E.Event, list[E.Event], float]:
+async def build(registry: str, started: E.ImageBuildStarted, lanes: Egress) -> tuple[E.Event, list[E.Event], float]:
     events: list[E.Event] = []
 
     async def emit(event: E.Event) -> None:
         envelope(event, workspace="t")  # every event must make a valid envelope
         events.append(event)
 
-    host = BuildHost(registry=registry, image_cache=IMAGE_CACHE, builder=started.builder, emit=emit)
+    host = BuildHost(registry=registry, image_cache=IMAGE_CACHE, builder=started.builder, emit=emit, lanes=lanes)
     began = time.monotonic()
     result = await run_build(started, host)
     return result, events, time.monotonic() - began
@@ -94,10 +121,10 @@ def blueprint(ws: str, last: str) -> ImageSpec:
                      env={"X": "1"})
 
 
-async def test_a_blueprint_is_built_pushed_and_rebuilt_from_its_changed_step(registry, tmp_path):
+async def test_a_blueprint_is_built_pushed_and_rebuilt_from_its_changed_step(registry, lanes, tmp_path):
     ws = "t" + uuid7().replace("-", "")[-12:]
     first = started_event(blueprint(ws, "echo first"), "builder-test")
-    pushed, events, took = await build(registry, first)
+    pushed, events, took = await build(registry, first, lanes)
     assert isinstance(pushed, E.ImagePushed), pushed
     TIMES["first build (with the base push when the registry lacks it)"] = took
     assert pushed.registry == registry and pushed.reference == image_tag(first.image_id)
@@ -119,7 +146,7 @@ async def test_a_blueprint_is_built_pushed_and_rebuilt_from_its_changed_step(reg
 
     second = started_event(blueprint(ws, "echo second"), "builder-test", set(pushed.step_hashes))
     assert second.cached_steps == 3
-    again, events, took = await build(registry, second)
+    again, events, took = await build(registry, second, lanes)
     TIMES["rebuild after changing the last command"] = took
     assert isinstance(again, E.ImagePushed), again
     states = [(e.step, e.state) for e in events if isinstance(e, E.ImageBuildProgress)
@@ -132,12 +159,12 @@ async def test_a_blueprint_is_built_pushed_and_rebuilt_from_its_changed_step(reg
     print("\n" + "\n".join(f"{what}: {seconds:.1f} s" for what, seconds in TIMES.items()))
 
 
-async def test_an_unknown_package_fails_with_pips_message_through_the_build_consumer(registry, servers):
+async def test_an_unknown_package_fails_with_pips_message_through_the_build_consumer(registry, servers, lanes):
     ws = "t" + uuid7().replace("-", "")[-12:]
     me = f"builder-{ws}"
     bus = await Bus.connect(servers["nats_url"])
     await bus.ensure_topology()
-    builds = Builds(me, registry, IMAGE_CACHE, publish=bus.publish)
+    builds = Builds(me, registry, IMAGE_CACHE, publish=bus.publish, lanes=lanes)
     stop = asyncio.Event()
     consumer = asyncio.create_task(builds.consumer(bus).run(stop))
     try:
@@ -172,7 +199,7 @@ async def wait_for_event(bus: Bus, ws: str, image: str, type_: str, timeout: flo
         await sub.unsubscribe()
 
 
-async def test_a_stopped_build_kills_its_step_removes_its_container_and_says_so(registry):
+async def test_a_stopped_build_kills_its_step_removes_its_container_and_says_so(registry, lanes):
     ws = "t" + uuid7().replace("-", "")[-12:]
     marker = f"levers9-sleeps-{ws}"
     started = started_event(ImageSpec(commands=[f"sleep 300; echo {marker}"]), "builder-test", set())
@@ -181,7 +208,7 @@ async def test_a_stopped_build_kills_its_step_removes_its_container_and_says_so(
     async def emit(event: E.Event) -> None:
         events.append(event)
 
-    host = BuildHost(registry=registry, image_cache=IMAGE_CACHE, builder="builder-test", emit=emit)
+    host = BuildHost(registry=registry, image_cache=IMAGE_CACHE, builder="builder-test", emit=emit, lanes=lanes)
     task = asyncio.create_task(run_build(started, host))
     deadline = time.monotonic() + 60
     while not running_with(marker):  # the step's process runs (after the base is there)
@@ -201,3 +228,50 @@ async def test_a_stopped_build_kills_its_step_removes_its_container_and_says_so(
 def running_with(marker: str) -> bool:
     """Whether the step's shell runs (inside the container: not `buildah run … -- sh -c …`)."""
     return subprocess.run(["pgrep", "-f", f"^[^ ]*sh -c .*{marker}"], capture_output=True).returncode == 0
+
+
+PROBE = """import json, os, socket, ssl, sys, urllib.request
+from pip._internal.models.index import PyPI
+out = {}
+for target in json.loads(sys.argv[1]):
+    host, port = target.rsplit(":", 1)
+    try:
+        socket.create_connection((host, int(port)), timeout=1).close()
+        out[target] = "connected"
+    except OSError as exc:
+        out[target] = type(exc).__name__
+context = ssl.create_default_context(cafile=os.environ.get("PIP_CERT") or None)
+try:
+    with urllib.request.urlopen(PyPI.simple_url.rstrip("/") + "/pip/", timeout=60, context=context) as answer:
+        out["index"] = answer.status
+except OSError as exc:
+    out["index"] = f"{type(exc).__name__}: {exc}"
+print("PROBE " + json.dumps(out), flush=True)
+"""
+
+
+def probe_command(targets: list[str]) -> str:
+    import shlex
+    return f"python3 -c {shlex.quote(PROBE)} {shlex.quote(json.dumps(targets))}"
+
+
+async def test_a_step_reaches_no_server_and_no_host_address_but_the_index_through_the_proxy(registry, servers, lanes):
+    from urllib.parse import urlsplit
+    ports = sorted({urlsplit(u if "://" in u else f"//{u}").port for u in (servers.get("registry", ""),
+                    servers.get("nats_url", ""), servers.get("s3_endpoint", ""),
+                    servers.get("database_url", ""))} - {None})
+    doc = json.loads(subprocess.run(["ip", "-j", "-4", "addr"], capture_output=True, text=True, check=True).stdout)
+    addresses = sorted({a["local"] for link in doc for a in link.get("addr_info", [])} | {"127.0.0.1"})
+    proxy_port = int(lanes.address.rsplit(":", 1)[1])
+    targets = [f"{a}:{p}" for a in addresses for p in ports] + [f"{a}:{proxy_port}" for a in addresses
+                                                               if a != lanes.address.split(":")[0]]
+    ws = "t" + uuid7().replace("-", "")[-12:]
+    started = started_event(ImageSpec(commands=[f"echo {ws}", probe_command(targets)]), "builder-test")
+    result, events, _ = await build(registry, started, lanes)
+    assert isinstance(result, E.ImagePushed), result
+    lines = [line for e in events if isinstance(e, E.ImageBuildProgress) for line in e.lines]
+    report = json.loads(next(line for line in lines if line.startswith("PROBE "))[len("PROBE "):])
+    print(json.dumps(report, indent=1))
+    assert len(ports) >= 2, servers
+    assert [t for t in targets if report[t] == "connected"] == [], report
+    assert report["index"] == 200, report  # the package index, through the worker's proxy

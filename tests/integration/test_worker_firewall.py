@@ -144,3 +144,138 @@ def test_the_rules_keep_containers_off_the_host_and_other_workspaces(world):
     finally:
         listener.close()
 
+
+
+# ---- the egress proxy: build steps' and installs' one way out ----------------------------------------
+
+PROBE = """
+import json, socket, sys
+proxy_host, proxy_port = sys.argv[1].rsplit(":", 1)
+out = {}
+
+def ask(head):
+    s = socket.create_connection((proxy_host, int(proxy_port)), timeout=5)
+    try:
+        s.sendall(head)
+        got = b""
+        while True:
+            chunk = s.recv(65536)
+            if not chunk:
+                return got.decode(errors="replace")
+            got += chunk
+            if head.startswith(b"CONNECT") and got.startswith(b"HTTP/1.1 200") and b"\\r\\n\\r\\n" in got:
+                s.sendall(b"GET / HTTP/1.0\\r\\nHost: index\\r\\n\\r\\n")
+                head = b""
+    finally:
+        s.close()
+
+for name, head in json.loads(sys.argv[2]).items():
+    try:
+        out[name] = ask(head.encode())
+    except OSError as exc:
+        out[name] = type(exc).__name__
+print(json.dumps(out))
+"""
+
+INDEX = ("import http.server\nclass H(http.server.BaseHTTPRequestHandler):\n"
+         "    def do_GET(self):\n        body = b'index ok ' + self.path.encode()\n        self.send_response(200)\n"
+         "        self.send_header('Content-Length', str(len(body)))\n        self.end_headers()\n"
+         "        self.wfile.write(body)\n    def log_message(self, *a):\n        pass\n"
+         "print('up', flush=True)\nhttp.server.HTTPServer(('0.0.0.0', 8080), H).serve_forever()\n")
+
+
+@pytest.fixture
+def upstream():
+    """An 'index' in a namespace of the test's own, on a veth pair of its own (not the bridge)."""
+    subprocess.run(["ip", "netns", "add", "l9fwt-up"], check=True)
+    subprocess.run(["ip", "link", "add", "l9fwtup0", "type", "veth", "peer", "name", "l9fwtup1"], check=True)
+    try:
+        for cmd in (["link", "set", "l9fwtup1", "netns", "l9fwt-up"], ["addr", "add", "10.219.8.1/30", "dev", "l9fwtup0"],
+                    ["link", "set", "l9fwtup0", "up"], ["-n", "l9fwt-up", "addr", "add", "10.219.8.2/30", "dev", "l9fwtup1"],
+                    ["-n", "l9fwt-up", "link", "set", "l9fwtup1", "up"], ["-n", "l9fwt-up", "link", "set", "lo", "up"]):
+            subprocess.run(["ip", *cmd], check=True)
+        server = subprocess.Popen(["ip", "netns", "exec", "l9fwt-up", sys.executable, "-c", INDEX],
+                                  stdout=subprocess.PIPE, text=True)
+        assert server.stdout is not None and server.stdout.readline().strip() == "up"
+        yield "10.219.8.2"
+        server.kill()
+        server.wait()
+    finally:
+        subprocess.run(["ip", "link", "del", "l9fwtup0"], check=False)
+        subprocess.run(["ip", "netns", "del", "l9fwt-up"], check=False)
+
+
+def serve_proxy(proxy, host: str):
+    """The proxy on its own loop in a thread; (port, stop)."""
+    loop = asyncio.new_event_loop()
+    started = threading.Event()
+    box: dict = {}
+
+    async def main() -> None:
+        box["server"] = await asyncio.start_server(proxy.handle, host, 0)
+        started.set()
+
+    threading.Thread(target=lambda: (loop.run_until_complete(main()), loop.run_forever()), daemon=True).start()
+    assert started.wait(10)
+
+    def stop() -> None:
+        loop.call_soon_threadsafe(box["server"].close)
+        loop.call_soon_threadsafe(loop.stop)
+
+    return box["server"].sockets[0].getsockname()[1], stop
+
+
+def test_only_a_proxied_member_reaches_the_proxy_and_it_reaches_only_allowed_indexes(world, upstream, tmp_path):
+    from levers9.worker.egress import Endpoint, denied_networks
+    from levers9.worker.egress_proxy import EgressProxy
+
+    gateway = str(network.bridge_address(SUBNET).ip)
+    names = {cid: Names.of(tmp_path, cid) for cid in ("e1", "w1")}
+    addresses = {"index.test": [upstream], "other.test": [upstream], "loop.test": ["127.0.0.1"],
+                 "bridge.test": [world["ips"]["a1"]]}
+
+    async def resolve(host: str, port: int) -> list[str]:
+        return addresses[host]
+
+    allow = {Endpoint(h, 8080) for h in ("index.test", "loop.test", "bridge.test")}
+    proxy = EgressProxy(allow, denied_networks(host_addresses(), [SUBNET]), resolve)
+    port, stop = serve_proxy(proxy, gateway)
+    sentinel = host_listener(0)
+    at = f"{gateway}:{port}"
+    try:
+        async def attach() -> None:
+            for cid, n in names.items():
+                ip = world["ipam"].claim(cid, tmp_path, n.netns, proxy=at if cid == "e1" else "")
+                await network.attach(n, BRIDGE, SUBNET, ip)
+            await firewall.sync(BRIDGE, world["ipam"].members)
+
+        asyncio.run(attach())
+        asks = {"connect": "CONNECT index.test:8080 HTTP/1.1\r\nHost: index.test:8080\r\n\r\n",
+                "plain": "GET http://index.test:8080/simple/ HTTP/1.1\r\nHost: index.test\r\nProxy-Connection: keep-alive\r\n\r\n",
+                "not allowed": "CONNECT other.test:8080 HTTP/1.1\r\n\r\n",
+                "to loopback": "CONNECT loop.test:8080 HTTP/1.1\r\n\r\n",
+                "to a container": "CONNECT bridge.test:8080 HTTP/1.1\r\n\r\n",
+                "origin form": "GET /simple/ HTTP/1.1\r\nHost: index.test\r\n\r\n"}
+        got = json.loads(subprocess.run(["ip", "netns", "exec", names["e1"].netns, sys.executable, "-c", PROBE, at,
+                                         json.dumps(asks)], capture_output=True, text=True, timeout=60,
+                                        check=True).stdout)
+        assert "index ok /" in got["connect"], got
+        assert "index ok /simple/" in got["plain"], got
+        for refused in ("not allowed", "to loopback", "to a container"):
+            assert got[refused].startswith("HTTP/1.1 403"), got
+        assert got["origin form"].startswith("HTTP/1.1 405"), got
+        # the proxied member reaches nothing else of the host, nor the index directly
+        direct = in_ns(names["e1"].netns, [f"{gateway}:{sentinel.getsockname()[1]}", f"{upstream}:8080"])
+        assert "connected" not in direct.values(), direct
+        # a workload (no proxy in its claim) does not reach the proxy
+        assert in_ns(names["w1"].netns, [at]) != {at: "connected"}
+    finally:
+        stop()
+        sentinel.close()
+
+        async def detach() -> None:
+            for cid, n in names.items():
+                await network.detach(n)
+                world["ipam"].release_owned(cid, tmp_path)
+
+        asyncio.run(detach())
