@@ -101,7 +101,9 @@ def apply_layer(blob: Path, root: Path) -> None:
                 _remove(target)  # replace, never write through what a lower layer left here
             if m.islnk():
                 m.linkname = _safe_name(m.linkname)
-                _inside(root, m.linkname)
+                source = _inside(root, m.linkname)
+                if source.is_symlink():  # os.link follows it: a hard link to whatever it names (a host file)
+                    raise PullFailed(f"a layer member {name!r} is a hard link to a symlink ({m.linkname!r})")
             m.name = name
             tar.extract(m, root, set_attrs=True, numeric_owner=True, filter="fully_trusted")
 

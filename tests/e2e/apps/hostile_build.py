@@ -1,0 +1,45 @@
+"""A hostile tenant's image: a build step probes every target in HOSTILE_TARGETS (JSON, at deploy:
+the control plane's ports on the host's addresses) and the package index, and writes what it got
+into the image; the function returns it, and uses the package the build installed."""
+import os
+import shlex
+
+from levers9 import App, Image
+
+app = App("hostile-build")
+TARGETS = os.environ.get("HOSTILE_TARGETS", "[]")
+
+PROBE = """
+import json, os, socket, ssl, sys, urllib.request
+out = {}
+for target in json.loads(sys.argv[1]):
+    host, port = target.rsplit(":", 1)
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=1).close()
+        out[target] = "connected"
+    except OSError as exc:
+        out[target] = type(exc).__name__
+try:
+    from pip._internal.models.index import PyPI
+    context = ssl.create_default_context(cafile=os.environ.get("PIP_CERT") or None)
+    with urllib.request.urlopen(PyPI.simple_url.rstrip("/") + "/pip/", timeout=60, context=context) as answer:
+        out["index"] = answer.status
+except Exception as exc:
+    out["index"] = f"{type(exc).__name__}: {exc}"
+os.makedirs("/srv/hostile", exist_ok=True)
+with open("/srv/hostile/probe.json", "w") as f:
+    json.dump(out, f)
+"""
+
+image = Image(python_packages=["humanize==4.9.0"]).add_commands(
+    f"python3 -c {shlex.quote(PROBE)} {shlex.quote(TARGETS)}")
+
+
+@app.function(image=image, cpu=0.25, memory="256Mi", timeout=600)
+def probe():
+    import json
+
+    import humanize
+
+    with open("/srv/hostile/probe.json") as f:
+        return {"probe": json.load(f), "humanize": humanize.naturalsize(3_000_000)}
