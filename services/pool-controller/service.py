@@ -8,8 +8,8 @@ heartbeat bucket, see heartbeats.py). A lost worker gets WorkerLost, appended wi
 concurrency on the worker's subject, so two controllers append it once; the scheduler then requests
 its containers again elsewhere: at once, or for a worker whose node this controller can reach (its
 state dir is on this machine), once its reaper stopped what it left and WorkerFenced says so
-(fencing.py): a container id never runs twice. Each worker started here gets a token valid for that worker alone
-(TokenCreated, scope worker:<id>).
+(fencing.py): a container id never runs twice. Each worker started here gets a token valid for that
+worker alone (TokenCreated, scope worker:<id>).
 
 Its pools are the pools file's and always a pool `build` (pools.with_build_pool: one warm worker, one
 at most, no CRIU) whose workers, started with LEVERS9_WORKER_POOL=build, run image builds.
