@@ -20,9 +20,12 @@ the host's own, nor loopback, link-local, multicast, nor the platform's or the c
 from __future__ import annotations
 
 import ipaddress
+import socket
 from collections.abc import Iterable
 from dataclasses import dataclass
 from urllib.parse import urlsplit
+
+import psutil
 
 from . import rootfs
 
@@ -176,6 +179,12 @@ def denied_networks(addresses: Iterable[str], nets: Iterable[str]) -> list[Netwo
         except ValueError:
             continue
     return found
+
+
+def host_addresses() -> list[str]:
+    """This host's own addresses, every interface (read from the kernel)."""
+    return [a.address for addrs in psutil.net_if_addrs().values() for a in addrs
+            if a.family in (socket.AF_INET, socket.AF_INET6)]
 
 
 def response(status: int, reason: str) -> bytes:

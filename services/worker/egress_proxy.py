@@ -21,8 +21,6 @@ import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
-import psutil
-
 from levers9.runtime.config import Settings
 
 from . import buildah, firewall, network
@@ -34,6 +32,7 @@ from .egress import (
     apt_endpoints,
     check_target,
     denied_networks,
+    host_addresses,
     parse_allow,
     parse_head,
     pip_default_index,
@@ -61,11 +60,6 @@ def host_allowlist(settings: Settings, env: dict[str, str] | None = None, etc_ap
                         if p.suffix in (".list", ".sources") and p.is_file())
     allow |= apt_endpoints((p.name, p.read_text(errors="replace")) for p in files)
     return allow | parse_allow(settings.egress_allow)
-
-
-def host_addresses() -> list[str]:
-    return [a.address for addrs in psutil.net_if_addrs().values() for a in addrs
-            if a.family in (socket.AF_INET, socket.AF_INET6)]
 
 
 class EgressProxy:

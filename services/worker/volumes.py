@@ -14,11 +14,14 @@ when the container ends, and any left by a crashed worker at its next start.
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import logging
 import os
 import shutil
+import socket
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from levers9.contracts.spec import DeploymentSpec
 from levers9.contracts.volumes import Bind, BucketMount, bucket_binds, passwd_line, s3fs_args, volume_binds
@@ -26,6 +29,7 @@ from levers9.runtime import juicefs
 from levers9.runtime.config import Settings
 
 from .container import Runtime
+from .egress import address_refusal, denied_networks, host_addresses
 from .mounts import mounts_under, unmount
 
 log = logging.getLogger("levers9.worker.volumes")
@@ -83,6 +87,9 @@ class WorkerVolumes:
             line = passwd_line(secret)
         except ValueError as exc:
             raise VolumeError(f"secret {bucket.secret!r}: {exc}") from None
+        refusal = await endpoint_refusal(bucket.endpoint_url, self.settings)
+        if refusal:
+            raise VolumeError(f"bucket {bucket.bucket!r}: {refusal}")
         target.mkdir(parents=True, exist_ok=True)
         private = self.state_dir / "private"
         private.mkdir(mode=0o700, exist_ok=True)
@@ -138,3 +145,22 @@ class WorkerVolumes:
         self.stopping = True
         if not self.users:
             await self.juicefs.close()
+
+
+async def endpoint_refusal(url: str, settings: Settings) -> str:
+    """Why s3fs (a host process) must not connect to a tenant's bucket endpoint ("" when it may): one
+    that is, or resolves to, this host, loopback, link-local or the containers' networks would let a
+    tenant aim the host's s3fs at the control plane. "" (the platform's own S3) is always fine."""
+    if not url:
+        return ""
+    host = urlsplit(url).hostname or ""
+    try:
+        infos = await asyncio.get_running_loop().getaddrinfo(host, None, type=socket.SOCK_STREAM)
+    except OSError:
+        return f"its endpoint host {host!r} does not resolve from the worker"
+    denied = denied_networks(host_addresses(), [settings.bridge_subnet, settings.hosts_subnet])
+    for info in infos:
+        why = address_refusal(ipaddress.ip_address(str(info[4][0]).split("%", 1)[0]), denied)
+        if why:
+            return f"its endpoint {url} may not be used: {why}; name a public S3 endpoint, or none for the platform's"
+    return ""

@@ -235,3 +235,15 @@ def test_the_juicefs_daemon_gets_no_settings_of_its_parent(monkeypatch):
     args = juicefs.mount_args(Settings(database_url="postgresql://p@127.0.0.1:1/l"), Path("/m"), Path("/c"),
                               Path("/l"))
     assert {"--no-usage-report", "--no-agent"} <= set(args) and args[args.index("--backup-meta") + 1] == "0"
+
+
+async def test_a_bucket_endpoint_on_this_host_or_its_containers_is_refused():
+    from levers9.runtime.config import Settings
+    from levers9.worker.volumes import endpoint_refusal
+
+    s = Settings(bridge_subnet="10.209.0.0/24")
+    assert await endpoint_refusal("", s) == ""  # the platform's own S3
+    for url in ("http://127.0.0.1:5432", "http://localhost:4222", "http://169.254.169.254", "http://10.209.0.1:80",
+                "http://[::1]:9000", "http://0.0.0.0:2050"):
+        assert "may not be used" in await endpoint_refusal(url, s), url
+    assert await endpoint_refusal("https://203.0.113.9", s) == ""
