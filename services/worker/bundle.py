@@ -12,7 +12,9 @@ no file: the status is then unknown (None).
 
 from __future__ import annotations
 
+import os
 import shlex
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -202,6 +204,22 @@ def spec_record(spec: ContainerSpec) -> dict[str, Any]:
             "memory_mib": spec.memory_mib, "command": list(spec.command), "port": spec.port,
             # the executor inside a function sandbox: a restore refuses a generation it does not speak
             "executor_generation": wire.GENERATION if spec.executor_dir else 0, "hardening": HARDENING}
+
+
+def plain_file(upper: Path, path: str) -> bool:
+    """Whether `path` (a container path) is a regular file in the writable layer `upper`, reached
+    through real directories only. The container writes there: a symlink it planted (its log made a
+    link to a host file) would make a host process that reads the path read the host's file."""
+    current = upper
+    for part in [p for p in path.strip("/").split("/") if p]:
+        current = current / part
+        try:
+            mode = os.lstat(current).st_mode
+        except OSError:
+            return False
+        if stat.S_ISLNK(mode):
+            return False
+    return stat.S_ISREG(mode) if current != upper else False
 
 
 def write_upper(upper: Path, files: dict[str, str]) -> None:

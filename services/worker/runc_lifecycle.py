@@ -33,6 +33,7 @@ from .bundle import (
     bundle_spec,
     cgroups_path,
     egress_proxy_of,
+    plain_file,
     spec_record,
     upper_files,
     write_upper,
@@ -115,7 +116,9 @@ class RuncLifecycle(Runtime):
 
     def log_path(self, container_id: str) -> Path:
         live = self.container_dir(container_id) / "upper" / LOG_FILE.lstrip("/")
-        return live if live.exists() else self.logs_dir / f"{container_id}.log"
+        # a log the container made a symlink (to a host file) is never read: read it with O_NOFOLLOW too
+        return live if plain_file(self.container_dir(container_id) / "upper", LOG_FILE) \
+            else self.logs_dir / f"{container_id}.log"
 
     # -- start --
 
@@ -280,7 +283,7 @@ class RuncLifecycle(Runtime):
             await self.guard()
         if keep_log:
             live_log = cdir / "upper" / LOG_FILE.lstrip("/")
-            if live_log.exists():
+            if plain_file(cdir / "upper", LOG_FILE):  # never a link the container planted
                 self.logs_dir.mkdir(parents=True, exist_ok=True)
                 os.replace(live_log, self.logs_dir / f"{cid}.log")
         if cdir.exists():

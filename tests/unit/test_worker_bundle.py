@@ -124,3 +124,24 @@ def test_oom_kills_reads_v1_and_v2(tmp_path):
     (tmp_path / "memory.events").write_text("low 0\nhigh 0\nmax 4\noom 1\noom_kill 1\n")
     assert oom_kills(tmp_path) == 1
     assert oom_kills(tmp_path / "missing") == 0
+
+
+def test_a_log_the_container_made_a_symlink_is_not_a_plain_file(tmp_path):
+    from levers9.worker.bundle import LOG_FILE, plain_file
+
+    upper = tmp_path / "upper"
+    log = upper / LOG_FILE.lstrip("/")
+    log.parent.mkdir(parents=True)
+    log.write_text("ok")
+    assert plain_file(upper, LOG_FILE)
+    secret = tmp_path / "host-secret"
+    secret.write_text("secret")
+    log.unlink()
+    log.symlink_to(secret)  # what a container's root can do to its own log
+    assert not plain_file(upper, LOG_FILE)
+    log.unlink()
+    log.parent.rmdir()
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / "container.log").write_text("not the container's")
+    log.parent.symlink_to(tmp_path / "elsewhere")  # or its directory
+    assert not plain_file(upper, LOG_FILE) and not plain_file(upper, "/var/log/levers9/missing")
