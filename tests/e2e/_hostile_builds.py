@@ -72,8 +72,8 @@ def _call(env: dict):
 
 
 def _root_processes_with(token: str) -> list[str]:
-    """Host processes whose command line names the token, outside any container (pid ns of init)."""
-    mine = os.readlink("/proc/1/ns/pid")
+    """Host processes whose command line names the token, outside any container (this pid namespace)."""
+    mine = os.readlink("/proc/self/ns/pid")
     out = subprocess.run(["pgrep", "-af", token], capture_output=True, text=True).stdout.splitlines()
     return [line for line in out if line.split()[0].isdigit()
             and _pidns(int(line.split()[0])) == mine and "pgrep" not in line]
