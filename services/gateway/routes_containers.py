@@ -13,6 +13,7 @@ from starlette.background import BackgroundTask
 
 from levers9.contracts import InvalidName, check_id, uuid7
 from levers9.contracts import events as E
+from levers9.contracts.images import BUILD_POOL
 from levers9.contracts.spec import Resources
 
 from .auth import User
@@ -27,6 +28,14 @@ REQUEST_FIELDS = ("pool", "deployment_id")  # besides the Resources fields
 
 class InvalidRequest(ValueError):
     """A container request body that does not validate; the message says which field and why."""
+
+
+class RefusedPool(InvalidRequest):
+    """A pool a tenant's container may not run on (403, where a body that does not validate is 422)."""
+
+
+BUILD_POOL_REFUSED = (f"pool {BUILD_POOL!r} is refused: it holds the platform's image builders, which run no "
+                      "tenant's container; ask for another pool (or none: the default pool)")
 
 
 @dataclass(frozen=True)
@@ -53,6 +62,8 @@ def parse_container_request(body: bytes) -> BareRequest:
         for k, v in where.items():
             if k == "pool" or v != "":
                 check_id(v, k)
+        if where.get("pool") == BUILD_POOL:
+            raise RefusedPool(BUILD_POOL_REFUSED)
         return BareRequest(msgspec.convert(data, Resources), where)
     except InvalidName as exc:
         raise InvalidRequest(str(exc)) from None
@@ -100,7 +111,7 @@ async def request_container(request: Request, caller: User, gw: Gateway) -> dict
     try:
         asked = parse_container_request(await request.body())
     except InvalidRequest as exc:
-        raise HTTPException(422, str(exc)) from None
+        raise HTTPException(403 if isinstance(exc, RefusedPool) else 422, str(exc)) from None
     event = E.ContainerRequested(container_id=uuid7(), resources=asked.resources, reason="api",
                                  pool=asked.where.get("pool", "default"),
                                  deployment_id=asked.where.get("deployment_id", ""))

@@ -9,11 +9,10 @@ once the gateway's own projection has it, so a call right after the deploy finds
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
-import io
 import logging
 import re
-import tarfile
 from typing import Any, get_args
 
 import msgspec
@@ -27,6 +26,8 @@ from levers9.runtime.bus import ConcurrencyConflict
 from levers9.runtime.storage import ensure_bucket, s3_client, workspace_bucket
 
 from .auth import User
+from .body_rules import text_problem
+from .code_archive import archive_problem
 from .deps import Gateway
 from .routes_images import resolve_image
 from .state import Gateway as GatewayState
@@ -40,13 +41,25 @@ NAME_RE = re.compile(get_args(Name)[1].pattern)  # the spec's own rule for a nam
 VERSION_TRIES = 20
 
 
+INSPECTIONS = asyncio.Semaphore(2)  # code archives looked into at once (each in a thread)
+
+
+class NotJSON(InvalidSpec):
+    """The spec is not JSON at all: 400, where a JSON spec that does not validate is 422."""
+
+
 class _Named(msgspec.Struct):
     name: str | None = None
 
 
 def parse_spec(text: str | bytes) -> DeploymentSpec:
     """The deploy form's `spec` field as a DeploymentSpec; InvalidSpec with a sentence otherwise.
-    A bad name gets its own sentence (how to fix it), before any other check."""
+    A bad name gets its own sentence (how to fix it), before any other check; a spec that is not
+    JSON (or nests too deep, or is not UTF-8) is NotJSON, before any decoder sees it."""
+    problem = text_problem(text if isinstance(text, str) else text.decode("utf-8", "surrogateescape"),
+                           "the deployment spec")
+    if problem:
+        raise NotJSON(problem)
     try:
         name = msgspec.json.decode(text, type=_Named).name
     except msgspec.MsgspecError:
@@ -60,18 +73,6 @@ def parse_spec(text: str | bytes) -> DeploymentSpec:
     return spec
 
 
-def archive_problem(data: bytes, module: str) -> str:
-    """Why this code archive cannot run `module` ("" when it can)."""
-    try:
-        with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
-            names = {m.name.lstrip("./") for m in tar.getmembers()}
-    except (tarfile.TarError, OSError, EOFError) as exc:
-        return f"the code archive is not a tar.gz: {exc}"
-    if f"{module}.py" not in names:
-        return f"the code archive has no {module}.py (it has: {', '.join(sorted(names)[:10])})"
-    return ""
-
-
 def with_code(spec: DeploymentSpec, sha256: str, key: str) -> DeploymentSpec:
     return msgspec.structs.replace(spec, code=msgspec.structs.replace(spec.code, sha256=sha256, key=key))
 
@@ -82,14 +83,15 @@ async def deploy(request: Request, caller: User, gw: Gateway, spec: str = Form(.
     try:
         parsed = parse_spec(spec)
     except InvalidSpec as exc:
-        raise HTTPException(422, str(exc)) from None
+        raise HTTPException(400 if isinstance(exc, NotJSON) else 422, str(exc)) from None
     data = await code.read(MAX_CODE_BYTES + 1)
     if len(data) > MAX_CODE_BYTES:
         raise HTTPException(413, f"the code archive is over {MAX_CODE_BYTES >> 20} MiB: deploy less "
                                  "(large data belongs in an image or a volume)")
-    problem = archive_problem(data, parsed.code.module)
-    if problem:
-        raise HTTPException(422, problem)
+    async with INSPECTIONS:  # off the event loop: a decompression bomb must not stall every other request
+        status, problem = await asyncio.to_thread(archive_problem, data, parsed.code.module)
+    if status:
+        raise HTTPException(status, problem)
     # the built image is the gateway's to name (never the client's): 409 while it is not built
     image_ref = await resolve_image(gw, caller.workspace, parsed.image) if parsed.image is not None else None
     parsed = msgspec.structs.replace(parsed, image_ref=image_ref)

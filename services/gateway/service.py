@@ -27,6 +27,7 @@ from . import (
     routes_volumes,
     routes_workers,
 )
+from .body_limits import BodyLimits
 from .errors import install as install_error_handlers
 from .functions_grpc import serve as serve_functions
 from .openapi_docs import document
@@ -46,6 +47,10 @@ class GatewayService(Gateway):
         for module in ROUTERS:
             app.include_router(module.router)
         install_error_handlers(app)  # a server it needs is down: 503 with its name, not a bare 500
+        # every body is held to its route's limit and a JSON body checked (depth, UTF-8) before a route runs
+        app.add_middleware(BodyLimits, limits=lambda: {"code_limit": routes_deployments.MAX_CODE_BYTES,
+                                                       "file_limit": routes_volumes.MAX_PUT_BYTES,
+                                                       "call_limit": self.settings.max_body_bytes})
         document(app)  # every status code a route answers is in /openapi.json
 
     async def on_stop(self) -> None:

@@ -15,8 +15,9 @@ from levers9.contracts import events as E
 from levers9.contracts.checkpoint_policy import restore_choice
 from levers9.contracts.spec import MAX_GPUS, CheckpointRef, InvalidSpec, Resources, decode_spec
 from levers9.gateway.auth import Caller, admin_refusal, bearer_secret, user_refusal, worker_of
-from levers9.gateway.routes_containers import InvalidRequest, parse_container_request
-from levers9.gateway.routes_deployments import archive_problem, parse_spec, with_code
+from levers9.gateway.code_archive import archive_problem
+from levers9.gateway.routes_containers import BUILD_POOL_REFUSED, InvalidRequest, RefusedPool, parse_container_request
+from levers9.gateway.routes_deployments import NotJSON, parse_spec, with_code
 from levers9.gateway.routes_invoke import LATEST, container_requested, split_version
 from levers9.gateway.routes_workers import worker_action_event
 from levers9.gateway.state import Deployment, route_update, row_json
@@ -99,10 +100,23 @@ def test_a_good_spec_decodes_and_gets_its_code_archive():
 
 
 def test_an_archive_must_be_a_tar_gz_holding_the_module():
-    assert archive_problem(tar_gz({"app.py": b"x = 1\n"}), "app") == ""
-    assert archive_problem(tar_gz({"./app.py": b""}), "app") == ""
-    assert "has no app.py (it has: other.py)" in archive_problem(tar_gz({"other.py": b""}), "app")
-    assert "is not a tar.gz" in archive_problem(b"plain bytes", "app")
+    assert archive_problem(tar_gz({"app.py": b"x = 1\n"}), "app") == (0, "")
+    assert archive_problem(tar_gz({"./app.py": b""}), "app") == (0, "")
+    assert archive_problem(tar_gz({"other.py": b""}), "app") == (422, "the code archive has no app.py (it has: other.py)")
+    status, problem = archive_problem(b"plain bytes", "app")
+    assert status == 422 and "is not a tar.gz" in problem
+
+
+@pytest.mark.parametrize("text", ["[" * 10_000 + "]" * 10_000, '{"name": ', "\udcff"])
+def test_a_spec_that_is_not_json_is_refused_before_any_decoder(text):
+    with pytest.raises(NotJSON, match="the deployment spec"):
+        parse_spec(text)
+
+
+def test_a_container_request_refuses_the_build_pool_and_says_why():
+    with pytest.raises(RefusedPool) as e:
+        parse_container_request(json.dumps({"pool": "build"}).encode())
+    assert str(e.value) == BUILD_POOL_REFUSED and "image builders" in BUILD_POOL_REFUSED
 
 
 # ---- the bare container request ----------------------------------------------------------------

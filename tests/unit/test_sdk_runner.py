@@ -56,6 +56,9 @@ def test_a_repeated_query_parameter_is_a_list(key, repeated):
     (b"{nope", 400, "the body is not JSON"),
     (b"[1, 2]", 400, "the body is a JSON list, not an object"),
     (b"\xff", 400, "the body is not JSON"),
+    (b'{"a": "\xff\xfe"}', 400, "not UTF-8: an invalid byte at offset 7"),
+    (b"[" * 10_000 + b"]" * 10_000, 400, "nests deeper than 100 levels"),  # a RecursionError dropped the connection
+    (b'{"a": ' + b"[" * 100 + b"]" * 100 + b"}", 400, "nests deeper than 100 levels"),
 ])
 def test_bodies_that_are_not_a_json_object(body, status, message):
     with pytest.raises(BadRequest, match=message) as e:

@@ -16,6 +16,9 @@ if TYPE_CHECKING:
     from levers9.runner.server import Handler
 
 
+MAX_JSON_DEPTH = 100  # arrays and objects inside each other in a body (the gateway's limit too)
+
+
 class BadRequest(Exception):
     def __init__(self, status: int, message: str):
         super().__init__(message)
@@ -52,7 +55,7 @@ def serve_endpoint(h: "Handler", url: SplitResult, body: bytes) -> None:
         return h.send_json(500, error_body(failure))
     try:
         data = json.dumps(future.result()).encode()
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError, RecursionError) as exc:
         return h.send_json(500, {"error": f"{type(exc).__name__}: the return value is not JSON ({exc}): "
                                           "return dicts, lists, strings, numbers, booleans or None"})
     h.send_json(200, None, encoded=data)
@@ -66,6 +69,21 @@ def _report_late_end(future: concurrent.futures.Future) -> None:
         print_exception(exc)
 
 
+TOO_DEEP = object()
+
+
+def depth_over(doc: Any, limit: int) -> bool:
+    """Whether decoded JSON nests arrays and objects more than `limit` deep (iterative: no recursion)."""
+    stack = [(doc, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, (list, dict)):
+            if depth > limit:
+                return True
+            stack.extend((child, depth + 1) for child in (node.values() if isinstance(node, dict) else node))
+    return False
+
+
 def inputs(query: str, body: bytes) -> dict[str, Any]:
     """Query parameters (strings; a list when repeated), then the JSON object body's fields."""
     kwargs: dict[str, Any] = {}
@@ -77,10 +95,20 @@ def inputs(query: str, body: bytes) -> dict[str, Any]:
     if not body.strip():
         return kwargs
     try:
-        doc = json.loads(body)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise BadRequest(400, f"the body is not JSON ({exc}): send a JSON object whose fields are the "
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise BadRequest(400, f"the body is not JSON (not UTF-8: an invalid byte at offset {exc.start}): send a "
+                              "JSON object in UTF-8 whose fields are the function's arguments") from None
+    try:
+        doc = json.loads(text)
+    except RecursionError:
+        doc = TOO_DEEP
+    except ValueError as exc:
+        raise BadRequest(400, f"the body is not JSON ({str(exc)[:200]}): send a JSON object whose fields are the "
                               "function's arguments, e.g. {\"name\": \"world\"}") from None
+    if doc is TOO_DEEP or depth_over(doc, MAX_JSON_DEPTH):
+        raise BadRequest(400, f"the body's JSON nests deeper than {MAX_JSON_DEPTH} levels of arrays and objects: "
+                              "send a flatter document")
     if not isinstance(doc, dict):
         raise BadRequest(400, f"the body is a JSON {type(doc).__name__}, not an object: send a JSON object "
                               "whose fields are the function's arguments, e.g. {\"name\": \"world\"}")

@@ -77,6 +77,13 @@ class Handler(http.server.BaseHTTPRequestHandler):
         except (ConnectionError, TimeoutError, OSError):
             self.close_connection = True
             self.status_sent = self.status_sent or 499  # the client went away
+        except Exception as exc:  # noqa: BLE001 - the runner's own failure: an answer, never a dropped connection
+            traceback.print_exc(file=sys.stderr)
+            if self.status_sent:
+                self.close_connection = True  # an answer was under way: the client must not take it as whole
+            else:
+                self.send_json(500, {"error": f"the runner failed on this request ({type(exc).__name__}); "
+                                              "see the container's log"}, close=True)
         finally:
             if rt.state == "stopping":
                 self.close_connection = True
