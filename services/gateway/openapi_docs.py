@@ -19,12 +19,12 @@ from fastapi.routing import APIRoute
 WHY = {
     400: "The request is not valid (the detail says what to change).",
     401: "Missing, unknown or revoked bearer token.",
-    403: "This token may not use this route (a worker token on the user API, or platform objects "
-         "with a token of another workspace).",
+    403: "Refused: this token may not use this route (a worker token on the user API, platform objects "
+         "with a token of another workspace), or the request asks for what is refused (the detail says what).",
     404: "No such object in the caller's workspace.",
     409: "The object's state does not allow this now (the detail says why).",
     410: "That version of the endpoint was stopped or deleted.",
-    413: "The body is over the gateway's limit.",
+    413: "The body (or a code archive, unpacked) is over the gateway's limit: the detail names it.",
     422: "The body or a parameter does not validate.",
     500: "The function raised: its exception type, message and traceback are in the body.",
     502: "A container failed to start or answer: the detail says why.",
@@ -33,6 +33,7 @@ WHY = {
 }
 
 AUTHENTICATED = (401, 403)
+BODY_CHECKED = (400, 413)  # any route with a body: body_limits.py refuses a bad or oversized one first
 UNAVAILABLE = 503  # any route: a server it needs (Postgres, NATS, S3) is unreachable (see service.py)
 
 # what each route module's handlers raise, besides 401/403/422/503 (every authenticated route)
@@ -69,7 +70,8 @@ def responses_for(module: str, path: str) -> dict[str, dict[str, Any]]:
     """The error responses of one route: what its module raises, plus what every authenticated route can."""
     if path in PUBLIC:
         return {}
-    codes = set(BY_MODULE.get(module.rsplit(".", 1)[-1], ())) | set(AUTHENTICATED) | {UNAVAILABLE, 422}
+    codes = set(BY_MODULE.get(module.rsplit(".", 1)[-1], ())) | set(AUTHENTICATED) | set(BODY_CHECKED) | {
+        UNAVAILABLE, 422}
     out = {str(code): _error(code) for code in sorted(codes)}
     if module.endswith("routes_invoke"):
         out["default"] = {"description": "Whatever the endpoint's own handler answers."}

@@ -143,3 +143,6 @@ async def _files(fn: Any, *args: Any) -> Any:
         raise HTTPException(404, str(exc)) from None
     except (IsADirectoryError, NotADirectoryError, FileExistsError) as exc:  # never the host path
         raise HTTPException(400, f"{exc.strerror}: a directory and a file of this path are in the way") from None
+    except OSError as exc:  # full, read-only, refused by the mount: said without the host path an OSError carries
+        raise HTTPException(409, f"the volume refused this ({exc.strerror or type(exc).__name__}): check the path "
+                                 "and the volume's space") from None
