@@ -58,11 +58,12 @@ def list_clusters(json_out: bool = JSON_OPTION) -> None:
 
 @clusters_app.command("share")
 def share(name: str, workspace: str = typer.Option(..., "--workspace", help="the workspace to share it with"),
+          owner: str = typer.Option("", "--owner", help="the workspace that attached it (default: this profile's)"),
           json_out: bool = JSON_OPTION) -> None:
-    """Let WORKSPACE's work run on cluster NAME too (a token of the attaching workspace only)."""
+    """Let WORKSPACE's work run on cluster NAME too (a platform admin's token only: the admin workspace's)."""
     with errors():
         doc = _call("POST", f"/api/v1/clusters/{quote(name, safe='')}/share", f"sharing cluster {name!r}",
-                    json={"workspace": workspace})
+                    json={"workspace": workspace, **({"owner": owner} if owner else {})})
     print_json(doc) if json_out else console.print(f"cluster {name} shared with workspace {workspace}")
 
 

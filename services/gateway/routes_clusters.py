@@ -6,9 +6,11 @@
   token). The CLI renders the manifest to apply in the cluster around it (levers9.agent_manifest).
 - GET /api/v1/clusters: the clusters the workspace owns or was shared, with whether their agent is
   connected to this gateway.
-- POST /api/v1/clusters/{name}/share {"workspace"}: the owner lets another workspace's work run there.
-  Who may: a workspace token (scope `workspace`) of the owning workspace, nobody else: the cluster's
-  admins are its owners (another workspace, even the platform's `default`, gets 404).
+- POST /api/v1/clusters/{name}/share {"workspace", "owner"}: another workspace's work may run there too.
+  Who may: a platform admin only (a workspace token of `default`; any other token gets 403 saying
+  so): the owner runs that cluster, and could read the work of a workspace it shared itself into, so
+  that workspace's consent is the platform's to give. `owner` names the attaching workspace
+  (default: the caller's); no such cluster of that owner is 404.
 - DELETE /api/v1/clusters/{name}: detach; its join token is revoked and its agent cut off.
 - WS /api/v1/clusters/{name}/agent: the agent's one long-lived stream, opened by the agent (nothing
   connects into the cluster). Refused before the handshake completes: no token 401, an unknown or
@@ -32,7 +34,7 @@ from levers9.contracts.events_clusters import ClusterAttached, ClusterDetached, 
 from levers9.contracts.ids import InvalidName, check_workspace
 from levers9.runtime.tokens import mint
 
-from .auth import Caller, User, bearer_secret, lookup
+from .auth import ADMIN_WORKSPACE, Caller, User, admin_refusal, bearer_secret, lookup
 from .cluster_relay import SILENT_S, Agent, ClusterRelay
 from .deps import Gateway
 from .state import row_json
@@ -48,6 +50,7 @@ class AttachRequest(BaseModel):
 
 class ShareRequest(BaseModel):
     workspace: str
+    owner: str = ""  # the workspace that attached it; empty: the caller's (the platform's own clusters)
 
 
 def cluster_scope(name: str) -> str:
@@ -63,6 +66,19 @@ def stream_refusal(caller: Caller | None, name: str, row: Any) -> tuple[int, str
     if row is None or row["detached"] or row["workspace"] != caller.workspace or row["token_id"] != caller.token_id:
         return 403, f"cluster {name!r} is not attached with this join token"
     return 0, ""
+
+
+def share_refusal(caller: Caller, name: str, workspace: str) -> str:
+    """Why this caller may not share cluster `name` into `workspace` ("" when it may). Pure.
+
+    Sharing puts another workspace's work (its code, its secrets) on a cluster its owner runs: the
+    owner alone may not decide that for the other workspace, so only a platform admin shares."""
+    if admin_refusal(caller):
+        return (f"sharing cluster {name!r} into workspace {workspace!r} was refused: sharing a cluster puts that "
+                f"workspace's work on a cluster another workspace runs, so it needs a platform admin's token "
+                f"(workspace {ADMIN_WORKSPACE!r}); ask the platform's admin to run `levers9 clusters share {name} "
+                f"--workspace {workspace} --owner {caller.workspace}`")
+    return ""
 
 
 def _name(name: str) -> str:
@@ -133,12 +149,16 @@ async def list_clusters(caller: User, gw: Gateway) -> list[dict[str, Any]]:
 
 @router.post("/api/v1/clusters/{name}/share")
 async def share(name: str, body: ShareRequest, caller: User, gw: Gateway) -> dict[str, Any]:
-    await _owned(gw, caller, name)
     try:
         workspace = check_workspace(body.workspace)
+        owner = check_workspace(body.owner) if body.owner else caller.workspace
     except InvalidName as e:
         raise HTTPException(400, str(e)) from None
-    await gw.publish(ClusterShared(name=name, workspace=workspace), caller.workspace)
+    refusal = share_refusal(caller, _name(name), workspace)
+    if refusal:
+        raise HTTPException(403, refusal)
+    await _owned(gw, Caller(workspace=owner, token_id=caller.token_id), name)
+    await gw.publish(ClusterShared(name=name, workspace=workspace), owner)
     deadline = time.monotonic() + PROJECTED_WITHIN_S
     while time.monotonic() < deadline and not await gw.pool.fetchval(
             "SELECT 1 FROM gateway.cluster_shares WHERE name=$1 AND workspace=$2", name, workspace):

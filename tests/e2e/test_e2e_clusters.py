@@ -201,8 +201,10 @@ def test_an_attached_cluster_serves_its_workspace_and_those_it_is_shared_with(st
     other = json.loads(cli(env, "clusters", "attach", "c2", "--json").stdout)["token"]
     assert stream_status(ws_url, other) == 403  # the join token of another cluster
     assert stream_status(ws_url.replace("/c1/", "/c2/"), token) == 403
-    # B cannot share or detach A's cluster: it is not B's
-    assert api(b, "POST", "/api/v1/clusters/c1/share", b_token, json={"workspace": "teamb"}).status_code == 404
+    # B cannot share A's cluster (nor any: sharing is a platform admin's), nor detach it: it is not B's
+    refused = api(b, "POST", "/api/v1/clusters/c1/share", b_token, json={"workspace": "teamb", "owner": "default"})
+    assert refused.status_code == 403 and "needs a platform admin's token" in refused.json()["detail"], refused.text
+    assert api(b, "DELETE", "/api/v1/clusters/c1", b_token).status_code == 404
 
     app = tmp_path / "edgeapp.py"
     app.write_text(APP)
