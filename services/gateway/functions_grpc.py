@@ -26,6 +26,7 @@ from .executor_client import Outcome
 from .function_calls import Calls, Plan
 from .function_plans import plan_for
 from .function_targets import Sessions, TargetError, adhoc, adhoc_spec, deployed
+from .host_paths import hostless
 from .state import Gateway as GatewayState
 
 log = logging.getLogger("levers9.gateway.grpc")
@@ -204,7 +205,7 @@ class Functions(pb_grpc.FunctionsServicer):
             await asyncio.gather(*running)
         except Exception as exc:  # noqa: BLE001 - the stream ends with why; the calls are cancelled
             log.exception("function stream %s failed", plan.correlation_id)
-            await queue.put(pb.ServerMessage(output=pb.Output(index=0, fd=2, text=f"levers9: {exc}\n")))
+            await queue.put(pb.ServerMessage(output=pb.Output(index=0, fd=2, text=f"levers9: {hostless(str(exc))}\n")))
             cancel.set()
             await asyncio.gather(*running, return_exceptions=True)
         finally:
