@@ -23,7 +23,8 @@ S3_KEY_ENV = {"s3_access_key": "LEVERS9_S3_ACCESS_KEY", "s3_secret_key": "LEVERS
 @pytest.fixture(scope="session")
 def servers(tmp_path_factory):
     """{"nats_url", "database_url", "s3_endpoint", "registry", "s3_access_key", "s3_secret_key"} of
-    real servers (`registry` is the OCI registry's host:port).
+    real servers (`registry` is the OCI registry's host:port); `database_url` is the admin's (our own
+    Postgres's superuser, with this stack's generated password), and the S3 keys the admin's too.
 
     The servers named by LEVERS9_NATS_URL, LEVERS9_DATABASE_URL, LEVERS9_S3_ENDPOINT and
     LEVERS9_REGISTRY when they are set (CI, docker-compose; when only the registry is not, one is
@@ -49,8 +50,15 @@ def servers(tmp_path_factory):
     stack = Stack(home, settings)
     try:
         urls = stack.start_servers()
-        yield {**urls, **{name: getattr(settings, name) for name in S3_KEY_ENV}}
+        # our own servers want this stack's generated credentials: the admin's S3 keys (unless S3 is
+        # external), and the registry's password for buildah and skopeo (they read REGISTRY_AUTH_FILE)
+        admin = stack.admin_credentials()
+        keys = {name: getattr(settings, name) if external else admin[name] for name in S3_KEY_ENV}
+        if not os.environ.get("LEVERS9_REGISTRY"):
+            os.environ["REGISTRY_AUTH_FILE"] = admin["registry_auth_file"]
+        yield {**urls, **keys, "registry_auth_file": admin["registry_auth_file"]}
     finally:
+        os.environ.pop("REGISTRY_AUTH_FILE", None)
         stack.down()
 
 # ---- end of servers --------------------------------------------------------------------------------

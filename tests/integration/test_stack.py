@@ -7,6 +7,7 @@ import asyncio
 import concurrent.futures
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -67,8 +68,8 @@ def check_status(stack: Stack, urls: dict[str, str]) -> None:
     assert all(not by_name[n].healthy and by_name[n].detail == "not running" for n in SERVICES)
 
 
-def write_data(urls: dict[str, str]) -> None:
-    s3 = s3_client(urls["s3_endpoint"], "levers9", "levers9-secret")
+def write_data(urls: dict[str, str], keys: dict[str, str]) -> None:
+    s3 = s3_client(urls["s3_endpoint"], keys["s3_access_key"], keys["s3_secret_key"])
     s3.create_bucket(Bucket="kept")
     s3.put_object(Bucket="kept", Key="k", Body=b"kept")
 
@@ -79,8 +80,8 @@ def write_data(urls: dict[str, str]) -> None:
     run(sql())
 
 
-def read_data(urls: dict[str, str]) -> tuple[bytes, int]:
-    s3 = s3_client(urls["s3_endpoint"], "levers9", "levers9-secret")
+def read_data(urls: dict[str, str], keys: dict[str, str]) -> tuple[bytes, int]:
+    s3 = s3_client(urls["s3_endpoint"], keys["s3_access_key"], keys["s3_secret_key"])
     body = s3.get_object(Bucket="kept", Key="k")["Body"].read()
 
     async def sql() -> int:
@@ -161,7 +162,8 @@ def test_lifecycle_keeps_data_and_leaves_nothing_running(tmp_path, own_stack):
     assert all(alive(pid) for pid in pids.values())
 
     check_status(stack, urls)
-    write_data(urls)
+    keys = stack.admin_credentials()
+    write_data(urls, keys)
 
     said.clear()
     state = stack.up(services=(), progress=said.append)  # a second `up` starts nothing
@@ -189,7 +191,7 @@ def test_lifecycle_keeps_data_and_leaves_nothing_running(tmp_path, own_stack):
         assert alive(unrelated.pid), "an unrelated process must never be signalled"
         new_nats = int((tmp_path / "run" / "nats.pid").read_text())
         assert new_nats != unrelated.pid and alive(new_nats)
-        assert read_data(urls2) == (b"kept", 1)  # same data, even though the ports changed
+        assert read_data(urls2, keys) == (b"kept", 1)  # same data, even though the ports changed
     finally:
         unrelated.kill()
         unrelated.wait()
@@ -350,3 +352,111 @@ def test_free_port_is_bindable():
     port = free_port()
     with socket.socket() as s:
         s.bind(("127.0.0.1", port))
+
+
+# ---- credentials: generated per stack, one per role, an old home migrated ---------------------------
+
+async def _as_role(dsn: str, own: str, other: str) -> tuple[bool, str]:
+    """(whether the role is a superuser, what reading another service's schema gives)."""
+    conn = await asyncpg.connect(dsn)
+    try:
+        await conn.execute(f"CREATE TABLE IF NOT EXISTS {own}.mine (x int)")  # its own schema: allowed
+        superuser = await conn.fetchval("SELECT rolsuper FROM pg_roles WHERE rolname = current_user")
+        try:
+            await conn.fetch(f"SELECT * FROM {other}.positions")
+            return superuser, "read"
+        except asyncpg.InsufficientPrivilegeError as exc:
+            return superuser, str(exc)
+    finally:
+        await conn.close()
+
+
+def test_each_role_gets_its_own_credentials_and_nothing_else(tmp_path, own_stack):
+    from levers9.stack.credentials import credentials_dir
+
+    stack, _ = own_stack()
+    urls = stack.start_servers()
+    hba = (tmp_path / "postgres" / "pg_hba.conf").read_text()
+    assert "trust" not in hba and "scram-sha-256" in hba
+    assert stat_mode(tmp_path) & 0o067 == 0 and stat_mode(credentials_dir(tmp_path)) == 0o700
+    assert all(stat_mode(p) == 0o600 for p in credentials_dir(tmp_path).iterdir())
+    assert stat_mode(tmp_path / "state.json") == 0o600
+
+    fake = [sys.executable, "-c", FAKE_SERVICE]
+    envs = {}
+    for name in ("gateway", "pool-controller", "worker"):
+        out = tmp_path / f"{name}.env.json"
+        stack.start_service(name, {"FAKE_ENV_OUT": str(out)}, command=fake)
+        envs[name] = json.loads(out.read_text())
+    gateway, controller, worker = envs["gateway"], envs["pool-controller"], envs["worker"]
+    assert gateway["LEVERS9_DATABASE_URL"] != urls["database_url"]  # not the admin's
+    assert run(_as_role(gateway["LEVERS9_DATABASE_URL"], "gateway", "scheduler")) == \
+        (False, "permission denied for schema scheduler")
+    assert "LEVERS9_S3_SECRET_KEY" not in controller and "LEVERS9_WORKER_TOKEN" not in controller
+    assert gateway["LEVERS9_S3_ACCESS_KEY"] != worker["LEVERS9_S3_ACCESS_KEY"]
+    assert gateway["LEVERS9_S3_ACCESS_KEY"] != stack.admin_credentials()["s3_access_key"]
+    # the controller's workers: the worker role's DSN, in a file it reads, never its own environment
+    files = Path(controller["LEVERS9_WORKER_CREDENTIALS"])
+    for name, registry in (("worker.json", False), ("worker-build.json", True)):
+        given = json.loads((files / name).read_text())
+        assert given["LEVERS9_DATABASE_URL"] == worker["LEVERS9_DATABASE_URL"]
+        assert ("REGISTRY_AUTH_FILE" in given) == registry
+    # S3: the worker's key reads, never writes a workspace's objects; the old fixed pair is refused
+    keys = stack.admin_credentials()
+    admin = s3_client(urls["s3_endpoint"], keys["s3_access_key"], keys["s3_secret_key"])
+    admin.create_bucket(Bucket="levers9-ws")
+    reader = s3_client(urls["s3_endpoint"], worker["LEVERS9_S3_ACCESS_KEY"], worker["LEVERS9_S3_SECRET_KEY"])
+    reader.list_objects_v2(Bucket="levers9-ws")
+    with pytest.raises(Exception, match="AccessDenied"):
+        reader.put_object(Bucket="levers9-ws", Key="k", Body=b"x")
+    with pytest.raises(Exception, match="InvalidAccessKeyId"):
+        s3_client(urls["s3_endpoint"], "levers9", "levers9-secret").list_buckets()
+    stack.down()
+
+
+def test_an_old_home_is_migrated_on_up(tmp_path, own_stack):
+    """A home from before generated credentials: trust in pg_hba.conf, tables the superuser's, no
+    credentials; and a server still running that was started without them."""
+    stack, said = own_stack()
+    urls = stack.start_servers()
+
+    async def age() -> None:  # what the old stack left: tables made by the superuser, no passwords
+        conn = await asyncpg.connect(urls["database_url"])
+        try:
+            await conn.execute("CREATE TABLE scheduler.legacy (x int); ALTER SCHEMA scheduler OWNER TO postgres; "
+                               "ALTER ROLE postgres PASSWORD NULL")
+        finally:
+            await conn.close()
+    run(age())
+    stack.down()
+    shutil.rmtree(tmp_path / "credentials")
+    (tmp_path / "postgres" / "pg_hba.conf").write_text("local all all trust\nhost all all 127.0.0.1/32 trust\n")
+
+    urls = stack.start_servers(said.append)
+    assert any(m.startswith("postgres: roles configured") and "tables given" in m for m in said), said
+    owner = run(_fetch(urls["database_url"], "SELECT tableowner FROM pg_tables WHERE tablename = 'legacy'"))
+    assert owner == "levers9_scheduler"
+    assert "trust" not in (tmp_path / "postgres" / "pg_hba.conf").read_text()
+
+    # a server that runs from before (its state entry has no credentials): `up` restarts it
+    state = json.loads((tmp_path / "state.json").read_text())
+    old_pid = state["components"]["registry"]["pid"]
+    del state["components"]["registry"]["auth"]
+    (tmp_path / "state.json").write_text(json.dumps(state))
+    said.clear()
+    stack.start_servers(said.append)
+    assert any("registry: pid" in m and "without this stack's credentials" in m for m in said), said
+    assert not alive(old_pid)
+    stack.down()
+
+
+async def _fetch(dsn: str, sql: str):
+    conn = await asyncpg.connect(dsn)
+    try:
+        return await conn.fetchval(sql)
+    finally:
+        await conn.close()
+
+
+def stat_mode(path: Path) -> int:
+    return path.stat().st_mode & 0o777

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import ipaddress
+import os
 import secrets
 import socket
 from pathlib import Path
@@ -49,7 +50,9 @@ def launch(home: Home, settings: Settings, progress: Progress) -> Launch:
     config = write_config(root, port)
     write_auth_files(home.path, [f"{LOCALHOST}:{port}", *_underlay(settings.hosts_subnet, port)], passwords)
     progress(f"registry: starting on {LOCALHOST}:{port}")
-    proc, offset = home.spawn("registry", [binary(), "serve", str(config)])
+    # REGISTRY_* variables override its config (REGISTRY_AUTH_FILE, meant for buildah, would be `auth.file`)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("REGISTRY_")}
+    proc, offset = home.spawn("registry", [binary(), "serve", str(config)], env=env)
     url = f"{LOCALHOST}:{port}"
     entry = {"pid": proc.pid, "port": port, "external": False, "url": url, "auth": True}
     return Launch("registry", proc, offset, entry, lambda: probe(url, entry))
