@@ -145,3 +145,35 @@ def test_pools_in_the_configmap_are_valid_kubernetes_pools():
         pool = PoolConfig(name, **table)
         assert pool.backend == "kubernetes" and M.pool_problems(pool) == []
         assert pool.worker_secret in secrets
+
+
+# ---- credentials: each service its own Secret, no password in these files ---------------------------
+
+def test_no_secret_in_the_manifests_holds_a_value_and_each_service_names_only_its_own():
+    from levers9.runtime.config import SERVICES
+
+    secrets = {key: d for key, d in _all().items() if key[0] == "Secret"}
+    assert all(v == "" for d in secrets.values() for v in (d.get("stringData") or {}).values()), \
+        "a password in k8s/: generate it (python -m levers9.stack.deploy_secrets k8s) instead"
+    for service in SERVICES:
+        deployment = next(d for d in _docs(K8S / f"{service}.yaml") if d["kind"] in ("Deployment", "DaemonSet"))
+        refs = {s["secretRef"]["name"] for c in deployment["spec"]["template"]["spec"]["containers"]
+                for s in c.get("envFrom") or [] if "secretRef" in s}
+        assert {r for r in refs if r.endswith("-credentials")} == {f"levers9-{service}-credentials"}, service
+        assert ("Secret", "levers9", f"levers9-{service}-credentials") in secrets
+
+
+def test_the_generated_secrets_fill_exactly_the_secrets_the_manifests_declare():
+    from levers9.stack import credentials
+    from levers9.stack.deploy_secrets import k8s_secrets
+
+    creds = credentials.complete({})
+    generated = {("Secret", d["metadata"]["namespace"], d["metadata"]["name"]): d for d in k8s_secrets(creds)}
+    declared = {key: d for key, d in _all().items() if key[0] == "Secret" and key[2] != "levers9-keyring"}
+    assert set(generated) == set(declared)
+    for key, doc in generated.items():
+        assert set(doc["stringData"]) == set(declared[key]["stringData"]), key
+        assert all(doc["stringData"].values()), key
+        assert schema_errors(doc) == []
+    gateway = generated[("Secret", "levers9", "levers9-gateway-credentials")]["stringData"]
+    assert gateway["LEVERS9_DATABASE_URL"].startswith("postgresql://levers9_gateway:")

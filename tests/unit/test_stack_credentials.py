@@ -158,3 +158,27 @@ def test_a_service_never_takes_credentials_from_the_profile(tmp_path):
     assert (client.s3_access_key, client.token, client.worker_token) == ("ADMIN", "l9_admin", "wt")
     assert (service.s3_access_key, service.token, service.worker_token) == ("", "", "")
     assert service.nats_auth == "on"  # what is not a credential still comes from the profile
+
+
+def test_compose_takes_every_credential_from_the_generated_env(tmp_path):
+    import re
+    from pathlib import Path
+
+    import yaml
+
+    from levers9.stack import deploy_secrets
+
+    text = (Path(__file__).resolve().parents[2] / "docker-compose.yml").read_text()
+    assert "levers9-secret" not in text and "POSTGRES_PASSWORD: levers9" not in text
+    services = yaml.safe_load(text)["services"]
+    for name in SERVICES:
+        dsn = services[name]["environment"]["LEVERS9_DATABASE_URL"]
+        assert dsn.startswith(f"postgresql://{credentials.pg_role(name)}:${{L9_PG_PASSWORD_"), name
+    deploy_secrets.compose(tmp_path)
+    dotenv = dict(line.split("=", 1) for line in (tmp_path / ".env").read_text().splitlines() if "=" in line)
+    assert set(re.findall(r"\$\{(L9_[A-Z0-9_]+):\?", text)) <= set(dotenv)
+    assert stat.S_IMODE((tmp_path / ".env").stat().st_mode) == 0o600
+    assert stat.S_IMODE((tmp_path / deploy_secrets.STATE_DIR).stat().st_mode) == 0o700
+    before = (tmp_path / ".env").read_text()
+    deploy_secrets.compose(tmp_path)  # again: the same values
+    assert (tmp_path / ".env").read_text() == before
