@@ -157,7 +157,8 @@ async def call_blobs(env: dict) -> list[str]:
     from levers9.runtime.storage import s3_client, workspace_bucket
 
     state = json.loads((Path(env["LEVERS9_HOME"]) / "state.json").read_text())
-    settings = Settings().with_(s3_endpoint=state["s3_endpoint"])
+    # the profile's S3 keys: the admin's, generated for this stack
+    settings = Settings.load(env={"LEVERS9_HOME": env["LEVERS9_HOME"]}).with_(s3_endpoint=state["s3_endpoint"])
     async with s3_client(settings) as client:
         listed = await client.list_objects_v2(Bucket=workspace_bucket("default"), Prefix="calls/")
     return [o["Key"] for o in listed.get("Contents", [])]
