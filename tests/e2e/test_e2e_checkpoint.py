@@ -87,7 +87,7 @@ def test_restore_serves_the_state_built_by_on_start_and_a_tampered_checkpoint_fa
 
     # tamper with the stored tar and drop the node's copy: the restore must fail and start cold
     state = json.loads((Path(env["LEVERS9_HOME"]) / "state.json").read_text())
-    asyncio.run(tamper(state["s3_endpoint"], ck["bucket"], ck["key"]))
+    asyncio.run(tamper(state["s3_endpoint"], ck["bucket"], ck["key"], env["LEVERS9_HOME"]))
     Path("/var/cache/levers9/blobs", ck["sha256"]).unlink(missing_ok=True)
     third = call(env)
     assert third["value"] != first["value"], "a tampered checkpoint must not be restored"
@@ -107,9 +107,9 @@ def test_restore_serves_the_state_built_by_on_start_and_a_tampered_checkpoint_fa
                         and c["status"] == "deleted"], timeout=30)
 
 
-async def tamper(endpoint: str, bucket: str, key: str) -> None:
+async def tamper(endpoint: str, bucket: str, key: str, home: str) -> None:
     from levers9.runtime.config import Settings
-    s = Settings()
+    s = Settings.load(env={"LEVERS9_HOME": home})  # the profile's S3 keys: the stack's admin's
     async with get_session().create_client("s3", endpoint_url=endpoint, aws_access_key_id=s.s3_access_key,
                                            aws_secret_access_key=s.s3_secret_key, region_name=s.s3_region) as c:
         obj = await c.get_object(Bucket=bucket, Key=key)

@@ -112,12 +112,12 @@ async def postgres_dump(database_url: str) -> bytes:
         await conn.close()
 
 
-async def s3_objects(endpoint: str) -> dict[str, bytes]:
+async def s3_objects(endpoint: str, home: str) -> dict[str, bytes]:
     from aiobotocore.session import get_session
 
     from levers9.runtime.config import Settings
 
-    s = Settings()
+    s = Settings.load(env={"LEVERS9_HOME": home})  # the profile's S3 keys: the stack's admin's
     out = {}
     async with get_session().create_client("s3", endpoint_url=endpoint, aws_access_key_id=s.s3_access_key,
                                            aws_secret_access_key=s.s3_secret_key, region_name=s.s3_region) as c:
@@ -207,7 +207,7 @@ def test_a_canary_secret_appears_nowhere_in_clear(env):
     assert not [o for o in outputs if any(n.decode() in o for n in NEEDLES)], "a CLI or HTTP output shows the value"
     state = json.loads((home / "state.json").read_text())
     assert not any(n in asyncio.run(postgres_dump(state["database_url"])) for n in NEEDLES)
-    objects = asyncio.run(s3_objects(state["s3_endpoint"]))
+    objects = asyncio.run(s3_objects(state["s3_endpoint"], str(home)))
     assert not [k for k, v in objects.items() if any(n in v for n in NEEDLES)]
     if ck:
         assert any(k.endswith(f"{ck['checkpoint_id']}.tar") for k in objects), "the checkpoint is in S3 (sealed)"
