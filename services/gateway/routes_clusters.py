@@ -1,7 +1,7 @@
 """Attached clusters: attach, list, share, detach, and the agent's stream.
 
-- POST /api/v1/clusters {"name"}: the caller's workspace attaches cluster NAME (unique on the platform)
-  and gets, once, the join token of its agent: a token of that workspace with scope `cluster:NAME`,
+- POST /api/v1/clusters {"name"}: the caller's workspace attaches cluster NAME (a name is each
+  workspace's own: on the platform the cluster is `WORKSPACE/NAME`, its `ref`, which pools name) and gets, once, the join token of its agent: a token of that workspace with scope `cluster:NAME`,
   which may open that cluster's stream and nothing else (the user API refuses it, as any non-workspace
   token). The CLI renders the manifest to apply in the cluster around it (levers9.agent_manifest).
 - GET /api/v1/clusters: the clusters the workspace owns or was shared, with whether their agent is
@@ -30,7 +30,7 @@ from fastapi.responses import Response
 from pydantic import BaseModel
 
 from levers9.contracts import events as E
-from levers9.contracts.events_clusters import ClusterAttached, ClusterDetached, ClusterShared
+from levers9.contracts.events_clusters import ClusterAttached, ClusterDetached, ClusterShared, cluster_ref
 from levers9.contracts.ids import InvalidName, check_workspace
 from levers9.runtime.tokens import mint
 
@@ -95,35 +95,36 @@ def relay(gw: Any) -> ClusterRelay:
     return found
 
 
-async def _row(gw: Any, name: str) -> Any:
-    return await gw.pool.fetchrow("SELECT * FROM gateway.clusters WHERE name=$1", name)
+async def _row(gw: Any, ref: str) -> Any:
+    return await gw.pool.fetchrow("SELECT * FROM gateway.clusters WHERE name=$1", ref)
 
 
 async def _owned(gw: Any, caller: Caller, name: str) -> Any:
-    row = await _row(gw, _name(name))
+    row = await _row(gw, cluster_ref(caller.workspace, _name(name)))
     if row is None or row["workspace"] != caller.workspace or row["detached"]:
         raise HTTPException(404, f"no cluster {name!r} attached by workspace {caller.workspace!r}")
     return row
 
 
-async def _projected(gw: Any, name: str, check: Any) -> None:
+async def _projected(gw: Any, ref: str, check: Any) -> None:
     deadline = time.monotonic() + PROJECTED_WITHIN_S
-    while not check(await _row(gw, name)) and time.monotonic() < deadline:
+    while not check(await _row(gw, ref)) and time.monotonic() < deadline:
         await asyncio.sleep(0.02)
 
 
 @router.post("/api/v1/clusters", status_code=201)
 async def attach(body: AttachRequest, caller: User, gw: Gateway) -> dict[str, Any]:
     name = _name(body.name)
-    row = await _row(gw, name)
-    if row is not None and (row["workspace"] != caller.workspace or not row["detached"]):
-        raise HTTPException(409, f"cluster {name!r} is attached already" +
-                            (" (by this workspace: detach it first)" if row["workspace"] == caller.workspace else ""))
+    ref = cluster_ref(caller.workspace, name)
+    row = await _row(gw, ref)
+    if row is not None and not row["detached"]:
+        raise HTTPException(409, f"cluster {name!r} is attached already by this workspace: detach it first")
     token = mint(name=f"agent of cluster {name}", scope=cluster_scope(name))
     await gw.publish(token.event, caller.workspace)
     await gw.publish(ClusterAttached(name=name, token_id=token.token_id), caller.workspace)
-    await _projected(gw, name, lambda r: r is not None and r["token_id"] == token.token_id and not r["detached"])
-    return {"name": name, "workspace": caller.workspace, "token": token.secret, "token_id": token.token_id}
+    await _projected(gw, ref, lambda r: r is not None and r["token_id"] == token.token_id and not r["detached"])
+    return {"name": name, "ref": ref, "workspace": caller.workspace, "token": token.secret,
+            "token_id": token.token_id}
 
 
 @router.get("/api/v1/clusters")
@@ -138,6 +139,7 @@ async def list_clusters(caller: User, gw: Gateway) -> list[dict[str, Any]]:
     out = []
     for r in rows:
         item = row_json(r)
+        item["ref"], item["name"] = r["name"], r["name"].split("/", 1)[-1]
         agent = relay(gw).connected(r["name"])
         item["agent"] = "connected" if agent else "not connected"
         item["agent_last_seen"] = round(time.time() - agent.last_seen, 1) if agent else None
@@ -159,11 +161,12 @@ async def share(name: str, body: ShareRequest, caller: User, gw: Gateway) -> dic
         raise HTTPException(403, refusal)
     await _owned(gw, Caller(workspace=owner, token_id=caller.token_id), name)
     await gw.publish(ClusterShared(name=name, workspace=workspace), owner)
+    ref = cluster_ref(owner, name)
     deadline = time.monotonic() + PROJECTED_WITHIN_S
     while time.monotonic() < deadline and not await gw.pool.fetchval(
-            "SELECT 1 FROM gateway.cluster_shares WHERE name=$1 AND workspace=$2", name, workspace):
+            "SELECT 1 FROM gateway.cluster_shares WHERE name=$1 AND workspace=$2", ref, workspace):
         await asyncio.sleep(0.02)
-    return {"name": name, "shared_with": workspace}
+    return {"name": name, "ref": ref, "shared_with": workspace}
 
 
 @router.delete("/api/v1/clusters/{name}")
@@ -172,8 +175,9 @@ async def detach(name: str, caller: User, gw: Gateway) -> dict[str, Any]:
     await gw.publish(ClusterDetached(name=name), caller.workspace)
     if row["token_id"]:
         await gw.publish(E.TokenRevoked(token_id=row["token_id"]), caller.workspace)
-    await _projected(gw, name, lambda r: r is None or r["detached"])
-    agent = relay(gw).connected(name)
+    ref = cluster_ref(caller.workspace, name)
+    await _projected(gw, ref, lambda r: r is None or r["detached"])
+    agent = relay(gw).connected(ref)
     if agent is not None:
         await relay(gw).detach(agent)
     return {"name": name, "detached": True}
@@ -184,14 +188,15 @@ async def agent_stream(websocket: WebSocket, name: str) -> None:
     gw = websocket.app.state.gateway
     secret = bearer_secret(websocket.headers.get("authorization", ""))
     caller = await lookup(gw, secret) if secret else None
-    status, why = stream_refusal(caller, name, await _row(gw, name) if NAME.fullmatch(name) else None)
+    row = await _row(gw, cluster_ref(caller.workspace, name)) if caller is not None and NAME.fullmatch(name) else None
+    status, why = stream_refusal(caller, name, row)
     if status:
         await websocket.send_denial_response(Response(json.dumps({"detail": why}), status_code=status,
                                                       media_type="application/json"))
         return
     assert caller is not None
     await websocket.accept()
-    agent = Agent(name, caller.workspace, websocket.send_text, namespace=websocket.query_params.get("namespace", ""),
+    agent = Agent(cluster_ref(caller.workspace, name), caller.workspace, websocket.send_text, namespace=websocket.query_params.get("namespace", ""),
                   close=lambda: websocket.close(1000, "detached or replaced"))
     await relay(gw).attach(agent)
     try:

@@ -15,6 +15,7 @@ pool names only, and no request names `build` unless a user asks for it).
 
 from __future__ import annotations
 
+import re
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,7 +41,7 @@ class PoolConfig:
     gpu_label: str = "levers9.io/gpu-type"  # node label whose value must equal gpu_type
     gpu_limits: bool = True  # request `nvidia.com/gpu: gpus_per_worker` (the device plugin enforces it)
     worker_secret: str = ""  # Secret in `namespace` with the pool's scoped database/S3 credentials
-    cluster: str = ""  # backend = "cluster" (backends_cluster.py): the attached cluster whose agent runs its pods
+    cluster: str = ""  # backend = "cluster" (backends_cluster.py): "WORKSPACE/NAME" of the attached cluster whose agent runs its pods
 
 
 @dataclass(frozen=True)
@@ -60,6 +61,7 @@ class Delta:
 
 
 ALIVE = {"provisioning", "registered", "ready"}
+CLUSTER_REF = re.compile(r"[a-z0-9][-a-z0-9]{0,62}/[a-z0-9]([-a-z0-9]{0,38}[a-z0-9])?")  # events_clusters.cluster_ref
 # one warm builder, one at most: builds queue on it (one at a time) rather than each taking a machine;
 # no checkpoints there (a build is not restored)
 DEFAULT_BUILD_POOL = PoolConfig(BUILD_POOL, min_warm=1, max_workers=1, criu=False)
@@ -117,6 +119,9 @@ def _read_pools(path: str) -> dict[str, PoolConfig]:
         if unknown:
             raise SystemExit(f"pool {name!r} in {path}: unknown keys {sorted(unknown)}")
         pools[name] = PoolConfig(name=name, **table)
+        if pools[name].backend == "cluster" and not CLUSTER_REF.fullmatch(pools[name].cluster):
+            raise SystemExit(f"pool {name!r} in {path}: backend 'cluster' needs `cluster = \"WORKSPACE/NAME\"` "
+                             f"(the workspace that attached it, then its name; got {pools[name].cluster!r})")
     if not pools:
         raise SystemExit(f"{path} defines no [pools.NAME] table")
     return pools

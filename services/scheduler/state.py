@@ -25,7 +25,7 @@ import msgspec
 
 from levers9.contracts import Message
 from levers9.contracts import events as E
-from levers9.contracts.events_clusters import ClusterAttached, ClusterDetached, ClusterShared
+from levers9.contracts.events_clusters import ClusterAttached, ClusterDetached, ClusterShared, cluster_ref
 from levers9.runtime.views import CONTAINER_STATUS, WORKER_STATUS, foreign_report
 
 from .placement import Access, WorkerState
@@ -150,8 +150,9 @@ def _worker_status(state: WorkerState, ev: E.Event) -> WorkerState:
 def fold_cluster(clusters: Clusters, owner: str, ev: E.Event) -> Clusters:
     """The attached clusters after one cluster event of workspace `owner`: attaching admits the owner
     alone; sharing adds a workspace; detaching admits nobody. Only the cluster's owner shares or
-    detaches it, and another workspace cannot take over its name (the gateway refuses both too)."""
-    name = getattr(ev, "name", "")
+    detaches it (the gateway refuses another's too). Keyed by the cluster's reference WORKSPACE/NAME,
+    like the pools that name it and the workers provisioned on it."""
+    name = cluster_ref(owner, getattr(ev, "name", ""))
     held = clusters.get(name)
     if held is not None and held[0] != owner:
         return clusters

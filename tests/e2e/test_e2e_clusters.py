@@ -49,7 +49,7 @@ def edgeapp():
 '''
 POOLS = '''[pools.edge]
 backend = "cluster"
-cluster = "c1"
+cluster = "default/c1"  # a cluster is WORKSPACE/NAME on the platform
 min_warm = 0
 max_workers = 2
 idle_timeout_s = 600
@@ -205,6 +205,13 @@ def test_an_attached_cluster_serves_its_workspace_and_those_it_is_shared_with(st
     refused = api(b, "POST", "/api/v1/clusters/c1/share", b_token, json={"workspace": "teamb", "owner": "default"})
     assert refused.status_code == 403 and "needs a platform admin's token" in refused.json()["detail"], refused.text
     assert api(b, "DELETE", "/api/v1/clusters/c1", b_token).status_code == 404
+    # names are each workspace's: B's own c1 is another cluster (teamb/c1), its token opens only that one
+    b_c1 = api(b, "POST", "/api/v1/clusters", b_token, json={"name": "c1"})
+    assert b_c1.status_code == 201 and b_c1.json()["ref"] == "teamb/c1", b_c1.text
+    # its join token opens the stream of teamb/c1 (the token's workspace says whose c1), never A's
+    assert stream_status(ws_url, b_c1.json()["token"]) == 101
+    assert api(b, "DELETE", "/api/v1/clusters/c1", b_token).status_code == 200
+    assert [c["ref"] for c in json.loads(cli(env, "clusters", "list", "--json").stdout)] == ["default/c1", "default/c2"]
 
     app = tmp_path / "edgeapp.py"
     app.write_text(APP)
@@ -231,7 +238,7 @@ def test_an_attached_cluster_serves_its_workspace_and_those_it_is_shared_with(st
     assert worker.startswith("edge-"), ours
     w = next(w for w in api(env, "GET", "/api/v1/workers").json() if w["worker_id"] == worker)
     assert urlsplit(w["address"]).hostname == stack["worker_host"].address  # the cluster node's address
-    assert w["cluster"] == "c1"
+    assert w["cluster"] == "default/c1"
 
     # B's deployment in that pool waits with the reason, and never lands on the cluster
     cli(b, "deploy", str(app))

@@ -15,6 +15,7 @@ from levers9.scheduler.state import Container, State, access_of, fold, fold_clus
 
 WORKSPACES = ["a", "b", "c"]
 CLUSTERS = ["c1", "c2"]
+REFS = [f"{w}/{c}" for w in WORKSPACES for c in CLUSTERS]  # what pools and workers name
 
 
 @st.composite
@@ -23,7 +24,7 @@ def fleets(draw):
     for i in range(draw(st.integers(1, 6))):
         out[f"w{i}"] = WorkerState(f"w{i}", draw(st.sampled_from(["default", "edge"])), "ready",
                                    draw(st.sampled_from([1000, 4000])), 4096,
-                                   cluster=draw(st.sampled_from(["", *CLUSTERS])))
+                                   cluster=draw(st.sampled_from(["", *REFS])))
     return out
 
 
@@ -74,41 +75,42 @@ def test_a_cluster_worker_never_gets_a_workspace_its_cluster_does_not_admit(work
 @given(fleets(), backlogs())
 def test_without_clusters_admitted_everything_is_as_before(workers, backlog):
     plain = {k: WorkerState(w.worker_id, w.pool, w.status, w.cpu_millicores, w.memory_mib) for k, w in workers.items()}
-    assert plan(plain, backlog, access={"c1": frozenset({"a"})}) == plan(plain, backlog)
+    assert plan(plain, backlog, access={"a/c1": frozenset({"a"})}) == plan(plain, backlog)
 
 
 def test_the_owner_and_shared_workspaces_use_a_cluster_others_wait_with_the_reason():
-    workers = {"cw": WorkerState("cw", "edge", "ready", 4000, 4096, cluster="c1")}
+    workers = {"cw": WorkerState("cw", "edge", "ready", 4000, 4096, cluster="a/c1")}
     clusters = _clusters([("a", ClusterAttached(name="c1"))])
     backlog = [Container("a", "k1", "requested", 1, 1, request=requested("k1", pool="edge")),
                Container("b", "k2", "requested", 2, 2, request=requested("k2", pool="edge"))]
     steps = plan(workers, backlog, access=access_of(clusters))
     assert isinstance(steps[0], Place) and steps[0].worker_id == "cw"
     assert isinstance(steps[1], Defer)
-    assert "cluster c1" in steps[1].reason and "not shared with workspace 'b'" in steps[1].reason
+    assert "cluster a/c1" in steps[1].reason and "not shared with workspace 'b'" in steps[1].reason
     shared = _clusters([("a", ClusterAttached(name="c1")), ("a", ClusterShared(name="c1", workspace="b"))])
     steps = plan(workers, backlog, access=access_of(shared))
     assert [type(s) for s in steps] == [Place, Place]
 
 
-def test_only_the_owner_shares_or_detaches_and_a_name_is_not_taken_over():
+def test_names_are_each_workspace_s_own_and_only_the_owner_shares_or_detaches():
     log = [("a", ClusterAttached(name="c1")), ("b", ClusterShared(name="c1", workspace="b")),
            ("b", ClusterAttached(name="c1")), ("b", ClusterDetached(name="c1"))]
-    assert _clusters(log) == {"c1": ("a", frozenset({"a"}))}
+    # b's c1 is another cluster: b's events touch only its own, a's stays as a left it
+    assert _clusters(log) == {"a/c1": ("a", frozenset({"a"})), "b/c1": ("b", frozenset())}
     log += [("a", ClusterShared(name="c1", workspace="b")), ("a", ClusterDetached(name="c1"))]
-    assert _clusters(log) == {"c1": ("a", frozenset())}
+    assert _clusters(log)["a/c1"] == ("a", frozenset())
     # detached admits nobody, and a share after it does not bring it back
-    assert _clusters([*log, ("a", ClusterShared(name="c1", workspace="b"))]) == {"c1": ("a", frozenset())}
-    w = WorkerState("cw", "edge", "ready", 1, 1, cluster="c1")
+    assert _clusters([*log, ("a", ClusterShared(name="c1", workspace="b"))])["a/c1"] == ("a", frozenset())
+    w = WorkerState("cw", "edge", "ready", 1, 1, cluster="a/c1")
     assert not admitted("a", w, access_of(_clusters(log))) and not admitted("a", w, {})  # unknown: nobody
     assert admitted("z", WorkerState("pw", "edge", "ready", 1, 1), {})
     assert not_admitted("b", "edge", [w], {}) and not not_admitted("b", "other", [w], {})
 
 
 def test_a_cluster_worker_keeps_its_provisioned_pool_and_cluster_whatever_it_registers():
-    w = fold_worker(None, E.WorkerProvisioned(worker_id="cw", pool="edge", backend="cluster", cluster="c1"), 1)
+    w = fold_worker(None, E.WorkerProvisioned(worker_id="cw", pool="edge", backend="cluster", cluster="a/c1"), 1)
     w = fold_worker(w, E.WorkerRegistered(worker_id="cw", pool="default", cpu_millicores=1, memory_mib=1), 2)
-    assert (w.state.pool, w.state.cluster) == ("edge", "c1")
+    assert (w.state.pool, w.state.cluster) == ("edge", "a/c1")
     plain = fold_worker(None, E.WorkerRegistered(worker_id="pw", pool="default", cpu_millicores=1, memory_mib=1), 1)
     assert (plain.state.pool, plain.state.cluster) == ("default", "")
     # the clusters consumer may bring WorkerProvisioned after the workers consumer moved on
@@ -120,7 +122,7 @@ def test_a_cluster_worker_keeps_its_provisioned_pool_and_cluster_whatever_it_reg
 def test_the_whole_fold_keeps_clusters_and_moves_room():
     s = fold(State(), msg(ClusterAttached(name="c1"), workspace="a"), 1)
     s = fold(s, msg(ClusterShared(name="c1", workspace="b"), workspace="a"), 2)
-    assert s.clusters == {"c1": ("a", frozenset({"a", "b"}))} and s.room == 2
+    assert s.clusters == {"a/c1": ("a", frozenset({"a", "b"}))} and s.room == 2
 
 
 def test_a_cluster_worker_recovered_before_the_clusters_view_saw_it_admits_nobody():
