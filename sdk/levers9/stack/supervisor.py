@@ -27,7 +27,7 @@ import psutil
 
 from levers9.runtime.config import SERVICES, Settings
 
-from . import nats_server, postgres, reaper, registry, s3, service_env
+from . import nats_server, postgres, registry, s3, service_env
 from .home import CHILDREN, SERVERS, Home, Launch, Server
 from .procs import (
     LOCALHOST,
@@ -304,7 +304,8 @@ class Stack:
                 continue
             progress(f"{name}: ready at http://{LOCALHOST}:{port} (pid {proc.pid})")
             ports[name] = port
-            self.files.record(name, {"pid": proc.pid, "port": port, "url": f"http://{LOCALHOST}:{port}"})
+            self.files.record(name, {"pid": proc.pid, "port": port, "url": f"http://{LOCALHOST}:{port}",
+                                     "roles": True})  # started with its role's credentials
         return failure
 
     def _spawn_service(self, name: str, urls: dict[str, str], extra_env: dict[str, str] | None,
@@ -393,7 +394,11 @@ class Stack:
 
     def _service_answers(self, name: str, progress: Progress) -> bool:
         pid = self._running_pid(name, progress)
-        port = self.read_state()["components"].get(name, {}).get("port")
+        entry = self.read_state()["components"].get(name, {})
+        port = entry.get("port")
+        if pid is not None and not entry.get("roles"):  # an older levers9 gave it everyone's credentials
+            progress(f"{name}: pid {pid} was started without its role's credentials; restarting it")
+            return False
         if pid is not None and port and quietly(lambda: self._healthz(port)):
             progress(f"{name}: already running (pid {pid}) at http://{LOCALHOST}:{port}")
             return True
@@ -416,7 +421,6 @@ class Stack:
             if extra:
                 progress(f"stopping {len(extra)} worker(s) the pool controller started")
                 terminate_all(extra, signal.SIGTERM, self.stop_timeout)
-            reaper.reap_home(self.home, progress)  # what a worker killed mid-dump left (containers, mounts, netns)
             self._remove_hosts(progress)
             for name in ("registry", "s3", "nats", "postgres"):
                 self._stop_server(name, progress)
