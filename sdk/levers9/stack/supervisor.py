@@ -27,7 +27,7 @@ import psutil
 
 from levers9.runtime.config import SERVICES, Settings
 
-from . import nats_server, postgres, registry, s3, service_env
+from . import nats_server, postgres, reaper, registry, s3, service_env
 from .home import CHILDREN, SERVERS, Home, Launch, Server
 from .procs import (
     LOCALHOST,
@@ -421,6 +421,7 @@ class Stack:
             if extra:
                 progress(f"stopping {len(extra)} worker(s) the pool controller started")
                 terminate_all(extra, signal.SIGTERM, self.stop_timeout)
+            reaper.reap_home(self.home, progress)  # what a worker killed mid-dump left (containers, mounts, netns)
             self._remove_hosts(progress)
             for name in ("registry", "s3", "nats", "postgres"):
                 self._stop_server(name, progress)
