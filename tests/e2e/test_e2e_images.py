@@ -102,7 +102,9 @@ def test_the_registry_serves_the_built_image_to_skopeo(env, built):
     status = {c["name"]: c for c in json.loads(cli(env, "status", "--json").stdout)["components"]}
     assert status["registry"]["healthy"], status["registry"]
     assert detail["registry"] and detail["reference"] == f"levers9/images:{images[0]['image_id']}", detail
-    config = subprocess.run(["skopeo", "inspect", "--config", "--tls-verify=false",
+    # the registry wants a password (the home's admin's, as any client with its credentials)
+    auth = Path(env["LEVERS9_HOME"]) / "credentials" / "registry-admin.json"
+    config = subprocess.run(["skopeo", "inspect", "--config", "--tls-verify=false", "--authfile", str(auth),
                              f"docker://{detail['registry']}/{detail['reference']}"], capture_output=True, text=True)
     assert config.returncode == 0, config.stderr
     assert "GREETING=hello from the image" in config.stdout
