@@ -404,6 +404,7 @@ def test_each_role_gets_its_own_credentials_and_nothing_else(tmp_path, own_stack
     # S3: the worker's key reads, never writes a workspace's objects; the old fixed pair is refused
     keys = stack.admin_credentials()
     admin = s3_client(urls["s3_endpoint"], keys["s3_access_key"], keys["s3_secret_key"])
+    admin.head_bucket(Bucket="levers9-volumes")  # made by the stack: a role's put cannot create a bucket
     admin.create_bucket(Bucket="levers9-ws")
     reader = s3_client(urls["s3_endpoint"], worker["LEVERS9_S3_ACCESS_KEY"], worker["LEVERS9_S3_SECRET_KEY"])
     reader.list_objects_v2(Bucket="levers9-ws")

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import yaml
 
+from levers9.runtime.catalogues import PLATFORM_BUCKET
 from levers9.runtime.config import SERVICES
 from levers9.runtime.credentials import BUILD_POOL, worker_file
 
@@ -99,7 +100,14 @@ def roles(env: dict[str, str], state: Path | None) -> list[str]:
         passwords = credentials.ensure(state)["postgres"]
     else:
         passwords = {role: env[env_name("PG_PASSWORD", role)] for role in (credentials.ADMIN, *SERVICES)}
-    return asyncio.run(pg_roles.configure(env["LEVERS9_DATABASE_URL"], passwords))
+    done = asyncio.run(pg_roles.configure(env["LEVERS9_DATABASE_URL"], passwords))
+    if env.get("LEVERS9_S3_ENDPOINT") and env.get(env_name("S3_KEY", credentials.ADMIN)):
+        # the platform's buckets, made by the admin (SeaweedFS lets nobody else create one by a put)
+        key = {"access_key": env[env_name("S3_KEY", credentials.ADMIN)],
+               "secret_key": env[env_name("S3_SECRET", credentials.ADMIN)]}
+        done += [f"created bucket {b}" for b in s3.create_buckets(
+            env["LEVERS9_S3_ENDPOINT"], key, [env.get("LEVERS9_VOLUMES_BUCKET") or "levers9-volumes", PLATFORM_BUCKET])]
+    return done
 
 
 def main(argv: list[str]) -> int:

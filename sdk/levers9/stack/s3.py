@@ -13,6 +13,8 @@ import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from levers9.runtime.catalogues import PLATFORM_BUCKET
+
 from . import credentials, procs
 from .home import Home, Launch, Server
 from .procs import LOCALHOST, NO_PROXY, Progress, binary, http_status
@@ -42,7 +44,8 @@ def launch(home: Home, settings: Settings, progress: Progress) -> Launch:
     progress(f"s3: starting SeaweedFS on {LOCALHOST}:{ports['s3']}")
     proc, offset = home.spawn("s3", cmd)
     url = f"http://{LOCALHOST}:{ports['s3']}"
-    entry = {"pid": proc.pid, "port": ports["s3"], "ports": ports, "external": False, "url": url, "roles": True}
+    entry = {"pid": proc.pid, "port": ports["s3"], "ports": ports, "external": False, "url": url, "roles": True,
+             "home": str(home.path), "buckets": [settings.volumes_bucket, PLATFORM_BUCKET]}
     return Launch("s3", proc, offset, entry, lambda: ready(url, ports["master"]))
 
 
@@ -63,6 +66,32 @@ def ready(s3_url: str, master_port: int) -> bool:
         topology = json.loads(response.read()).get("Topology") or {}
     return any(rack.get("DataNodes") for dc in topology.get("DataCenters") or []
                for rack in dc.get("Racks") or [])
+
+
+def after_ready(launch: Launch, progress: Progress) -> None:
+    """The platform's own buckets, made by the admin: putting into a missing bucket would create it,
+    and SeaweedFS lets only an unlimited Admin do that (JuiceFS's format puts before it creates)."""
+    key = credentials.ensure(Path(launch.entry["home"]))["s3"][credentials.ADMIN]
+    for bucket in create_buckets(launch.entry["url"], key, launch.entry.get("buckets", [])):
+        progress(f"s3: created bucket {bucket}")
+
+
+def create_buckets(endpoint: str, key: dict[str, str], buckets: list[str]) -> list[str]:
+    """Create the missing ones of `buckets` with the admin's `key`; those it created."""
+    import botocore.session
+    from botocore.exceptions import ClientError
+
+    client = botocore.session.get_session().create_client(
+        "s3", endpoint_url=endpoint, aws_access_key_id=key["access_key"],
+        aws_secret_access_key=key["secret_key"], region_name="us-east-1")
+    created = []
+    for bucket in buckets:
+        try:
+            client.head_bucket(Bucket=bucket)
+        except ClientError:
+            client.create_bucket(Bucket=bucket)
+            created.append(bucket)
+    return created
 
 
 def cleanup(home: Path, state: dict) -> None:
@@ -91,4 +120,5 @@ def _identities(home: Home, settings: Settings) -> Path:
 # `weed server` 4.48 stops its filer on SIGTERM/SIGINT but then never exits: SIGKILL it soon. Its
 # volumes and filer store are written through the page cache, so a kill loses nothing.
 SERVER = Server("s3", launch=launch, marker=marker, probe=probe, max_stop_timeout=2.0, cleanup=cleanup,
+                after_ready=after_ready,
                 current=lambda entry: bool(entry.get("roles")))
