@@ -64,7 +64,7 @@ def _evil_app(tmp: Path, home: Path) -> dict:
 
 
 def _deploy(env: dict, app: dict, packages: str) -> None:
-    cli({**env, "HOSTILE_PACKAGES": packages, "HOSTILE_RECORD": app["record"]}, "deploy", str(app["dir"] / "app.py"))
+    cli({**env, "HOSTILE_PACKAGES": packages}, "deploy", str(app["dir"] / "app.py"))
 
 
 def _call(env: dict):
@@ -116,7 +116,7 @@ def test_a_shipped_package_installs_and_its_setup_py_runs_only_in_the_install_co
         assert r.status_code == 200, r.text
         result = r.json()["result"]
         print(json.dumps(result, indent=1))
-        record = result["record"]
+        record = result["records"].get(app["record"])
         assert result["imported"] is True  # the sandbox found the install and imports it
         assert record, "setup.py left no record in the install cache"
         assert record["hostname"] != socket.gethostname()  # it ran in a container of its own ...

@@ -9,19 +9,19 @@ from levers9 import App
 
 app = App("hostile-packages")
 PACKAGES = [p for p in os.environ.get("HOSTILE_PACKAGES", "").split("|") if p]
-RECORD = os.environ.get("HOSTILE_RECORD", "record.json")
 
 
 @app.function(packages=PACKAGES, cpu=0.25, memory="256Mi", timeout=600)
 def probe():
-    found = {}
+    found = {}  # every record a setup.py left in this workspace's cache, by file name
     for dirpath, _, files in os.walk("/var/lib/levers9/packages"):
-        if RECORD in files:
-            with open(os.path.join(dirpath, RECORD)) as f:
-                found = json.load(f)
+        for name in files:
+            if name.startswith("hostile-") and name.endswith(".json"):
+                with open(os.path.join(dirpath, name)) as f:
+                    found[name] = json.load(f)
     try:
         import evilmod  # noqa: F401
         imported = True
     except ImportError:
         imported = False
-    return {"record": found, "imported": imported, "hostname": os.uname().nodename}
+    return {"records": found, "imported": imported, "hostname": os.uname().nodename}
