@@ -8,7 +8,8 @@ namespace outlived `levers9 down`. Now the pool controller reaps what the dead w
 the scheduler places its containers again (WorkerFenced), and `down` leaves nothing.
 
 This case kills a worker, so it starts a stack of its own (`fencing_env`): `levers9 up`'s own worker
-and the pool controller's warm worker, both in pool `default`, both with CRIU.
+(pool `default`, with CRIU; it is that pool's one warm worker). Once it is lost and fenced, the pool
+controller starts another for the backlog, and the container is placed there.
 """
 
 from __future__ import annotations
@@ -24,9 +25,10 @@ from pathlib import Path
 import httpx
 import psutil
 import pytest
-from _e2e import api, cli, one_worker_stack, wait_until
+from _e2e import api, cli, wait_until
 from _faults import Node
 
+from levers9.runtime.ports import free_port
 from levers9.worker.bundle import cgroups_path
 from levers9.worker.cgroups import cgroup_mounts
 
@@ -51,11 +53,29 @@ RECOVERY_S = 300
 
 @pytest.fixture(scope="module")
 def fencing_env(tmp_path_factory):
-    with one_worker_stack(tmp_path_factory.mktemp("l9fence"), 2000, 2048) as e:
-        wait_until(lambda: len([w for w in api(e, "GET", "/api/v1/workers").json()
-                                if w["status"] == "ready" and "criu" in w["features"]
-                                and w["pool"] == "default"]) >= 2, timeout=900)
-        yield e
+    """As _e2e.one_worker_stack (pool `default`: one warm worker, one at most), with a node cache port
+    of its own: another stack on this machine may serve the default one (2050) for its own home."""
+    home = tmp_path_factory.mktemp("l9fence")
+    pools = home / "pools.toml"
+    pools.write_text('[pools.default]\nbackend = "local"\nmin_warm = 1\nmax_workers = 1\nidle_timeout_s = 600\n'
+                     'worker_cpu_millicores = 2000\nworker_memory_mib = 2048\n')
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LEVERS9_")}
+    env.update(LEVERS9_HOME=str(home), LEVERS9_POOLS_FILE=str(pools), LEVERS9_WORKER_CPU_MILLICORES="2000",
+               LEVERS9_WORKER_MEMORY_MIB="2048", LEVERS9_CACHE_PORT=str(free_port()))
+    try:
+        cli(env, "up")
+        wait_until(lambda: _criu_workers(env), timeout=900)
+        yield env
+    finally:
+        cli(env, "down", check=False)
+
+
+def _criu_workers(env: dict) -> list[dict]:
+    rows = api(env, "GET", "/api/v1/workers").json()
+    if not isinstance(rows, list):  # an error body (a restart, a refusal): print it, ask again
+        print(f"workers: {rows}", flush=True)
+        return []
+    return [w for w in rows if w["status"] == "ready" and "criu" in w["features"] and w["pool"] == "default"]
 
 
 def _runc_everywhere(home: Path) -> list[tuple[str, str, str]]:
@@ -157,7 +177,7 @@ def test_a_worker_killed_mid_dump_leaves_nothing_running_twice_or_behind(fencing
     (tmp_path / "fenced.py").write_text(APP)
     cli(env, "deploy", str(tmp_path / "fenced.py"))
     pids = _worker_pids(home)
-    assert len(pids) >= 2, pids
+    assert pids, "no worker process of this home"
     twice = _Twice(home)
     twice.start()
     killer = _KillOnFreeze(home, pids)
