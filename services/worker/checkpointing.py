@@ -130,7 +130,8 @@ def failure_of(exc: BaseException) -> RestoreFailure:
     error (transient when a connection or a timeout caused it, anywhere in its chain of causes)."""
     if isinstance(exc, NodeCacheFailed):
         return exc.failure
-    chain, seen = exc, 0
+    chain: BaseException | None = exc
+    seen = 0
     while chain is not None and seen < 16:
         if isinstance(chain, TRANSIENT_CAUSES):
             return RestoreFailure(RUNTIME, timed_out=isinstance(chain, (TimeoutError, asyncio.TimeoutError)),

@@ -110,7 +110,7 @@ class WorkerService(Service):
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self.state_dir.chmod(0o700)  # containers' config.json hold their secrets in clear: root only
         # held for this run's whole life: a reaper (levers9.worker.restart) then knows it is alive
-        self.run_lock = await asyncio.to_thread(restart.take_run_lock, self.state_dir)
+        self.run_lock: int | None = await asyncio.to_thread(restart.take_run_lock, self.state_dir)
         self.runtime, self.runtime_note = choose_runtime(self.settings, self.state_dir)
         log.info("worker %s: %s", self.worker_id, self.runtime_note)
 
@@ -194,8 +194,9 @@ class WorkerService(Service):
             await kv.delete(self.worker_id)
         except Exception:  # noqa: BLE001 - the TTL removes it anyway
             log.warning("could not delete the heartbeat of %s (its TTL removes it)", self.worker_id, exc_info=True)
-        if getattr(self, "run_lock", None) is not None:  # its containers are stopped: a reaper finds nothing
-            os.close(self.run_lock)
+        lock = getattr(self, "run_lock", None)
+        if lock is not None:  # its containers are stopped: a reaper finds nothing
+            os.close(lock)
             self.run_lock = None
 
     async def heartbeat(self, stop: asyncio.Event) -> None:

@@ -220,10 +220,11 @@ def _call(env: dict) -> int:
 
 
 def _placed_again_only_after_the_fence(log: list[dict], cid: str, dead: str) -> None:
-    """In the log, the container is started on another worker only after the dead one's WorkerFenced."""
+    """In the log, the container is placed on another worker only after the dead one's WorkerFenced
+    (before: it was placed again the moment its worker was declared lost, its paused copy still there)."""
     fenced = [i for i, e in enumerate(log) if e.get("type") == "WorkerFenced" and e["data"]["worker_id"] == dead]
-    elsewhere = [i for i, e in enumerate(log) if e.get("type") == "ContainerStarted"
+    elsewhere = [i for i, e in enumerate(log) if e.get("type") in ("ContainerScheduled", "ContainerStarted")
                  and e["data"].get("container_id") == cid and e["data"].get("worker_id") != dead]
     if elsewhere:
         assert fenced and fenced[0] < elsewhere[0], \
-            f"container {cid} was started again before worker {dead} was fenced (fenced at {fenced}, started at {elsewhere})"
+            f"container {cid} was placed again before worker {dead} was fenced (fenced at {fenced}, started at {elsewhere})"
