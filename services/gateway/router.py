@@ -6,6 +6,12 @@ A call takes a slot on a ready container with spare concurrency; otherwise it wa
 queue), and more containers are requested while the waiting calls outnumber what the starting
 ones will absorb, up to max_containers. A container that fails while calls wait for it fails
 those calls with its reason instead of leaving them to time out.
+
+Every decision (take a slot, request more, give up) is made holding `changed`, and a request is
+registered before that lock is let go: so the containers a router counts as live never exceed
+max_containers, whatever the interleaving of calls, container events, releases and timeouts
+(tests/unit/test_gateway_burst.py). That holds per router: the gateway keeps exactly one per
+deployment version (state.Gateway.router_for).
 """
 
 from __future__ import annotations
@@ -45,7 +51,8 @@ class DeploymentRouter:
     last_failure: str = ""
     failures: int = 0
     changed: asyncio.Condition = field(default_factory=asyncio.Condition)
-    requesting: asyncio.Lock = field(default_factory=asyncio.Lock)
+    pending: int = 0  # requests sent whose container is not registered yet: they count as starting ones
+    heard: set[str] | None = None  # while its containers load from the database: those events told of first
 
     def live(self) -> list[Slot]:
         return [s for s in self.containers.values() if s.status in LIVE]
@@ -58,16 +65,47 @@ class DeploymentRouter:
     def wanted(self) -> int:
         """How many more containers the waiting calls justify (pure: from the current state)."""
         live = self.live()
-        starting = [s for s in live if s.status != "ready"]
-        absorbed = len(starting) * self.concurrency
-        short = self.waiting - absorbed
+        starting = sum(1 for s in live if s.status != "ready") + self.pending
+        short = self.waiting - starting * self.concurrency
         if short <= 0:
             return 0
         need = -(-short // self.concurrency)
-        return max(0, min(need, self.max_containers - len(live)))
+        return max(0, min(need, self.max_containers - len(live) - self.pending))
+
+    async def request(self, request_container: Callable[[], Awaitable[str]]) -> None:
+        """Ask for one more container. The request counts from before it is sent until its container is
+        registered, even when the call that sent it gives up meanwhile: a request once sent goes on (its
+        ContainerRequested may be in the log already), and a router that forgot it asked for more."""
+        self.pending += 1
+        sent = asyncio.ensure_future(request_container())
+
+        def registered(task: asyncio.Future[str]) -> None:
+            self.pending -= 1
+            if not task.cancelled() and task.exception() is None:
+                # an event may have told of it first (the lock was let go by a call that gave up)
+                self.containers.setdefault(task.result(), Slot(task.result(), "requested"))
+        sent.add_done_callback(registered)
+        await asyncio.shield(sent)
+
+    def begin_loading(self) -> None:
+        """From now until `loaded`, events may tell of containers before the database rows do."""
+        self.heard = set()
+
+    async def loaded(self, rows: list[tuple[str, str, str]]) -> None:
+        """The live containers read from the database (id, status, address), read after `begin_loading`:
+        a container an event told of since is as new or newer in the router than in its row (an
+        event is projected before it is routed), so only the others are taken from the rows."""
+        async with self.changed:
+            heard, self.heard = self.heard or set(), None
+            for container_id, status, address in rows:
+                if container_id not in heard and container_id not in self.containers and status in LIVE:
+                    self.containers[container_id] = Slot(container_id, status, address)
+            self.changed.notify_all()
 
     async def update(self, container_id: str, status: str, address: str = "", reason: str = "") -> None:
         async with self.changed:
+            if self.heard is not None:
+                self.heard.add(container_id)
             slot = self.containers.get(container_id)
             if slot is None or (slot.status == "ready" and status in LIVE and status != "ready"):
                 # new, or re-requested (its worker was lost: it starts again elsewhere, at a new address):
@@ -99,8 +137,7 @@ class DeploymentRouter:
                     if self.failures > failures_seen and not self.live():
                         raise StartFailed(self.last_failure)
                     for _ in range(self.wanted()):
-                        cid = await request_container()
-                        self.containers[cid] = Slot(cid, "requested")
+                        await self.request(request_container)
                     remaining = deadline - time.monotonic()
                     if remaining <= 0:
                         raise NoCapacity(f"no container became ready within {timeout:.0f} s")

@@ -89,6 +89,7 @@ class Gateway(Service):
     def __init__(self, settings) -> None:
         super().__init__(settings)
         self.routers: dict[str, DeploymentRouter] = {}
+        self.router_loads: dict[str, asyncio.Task[None]] = {}  # routers whose live containers are being read
         self.container_deployment: dict[str, str] = {}  # live containers -> their deployment
         self.container_worker: dict[str, str] = {}  # live containers -> the worker they are placed on
         self.tokens: dict[str, Caller] = {}  # token sha256 -> caller
@@ -147,18 +148,36 @@ class Gateway(Service):
             await router.update(container_id, update.status, update.address, update.reason)
 
     async def router_for(self, dep: Deployment) -> DeploymentRouter:
-        router = self.routers.get(route_key(dep.workspace, dep.deployment_id))
+        """The one router of a deployment version. It is registered before anything is awaited, so
+        concurrent first calls share it (each used to build its own while the database answered: the
+        orphans never heard of their containers, and each asked for more, past max_containers), and
+        the container events that arrive while its live containers are read reach it."""
+        key = route_key(dep.workspace, dep.deployment_id)
+        router = self.routers.get(key)
         if router is None:
             scaling = dep.spec.scaling
-            router = DeploymentRouter(dep.deployment_id, scaling.concurrency, scaling.max_containers)
+            router = self.routers[key] = DeploymentRouter(dep.deployment_id, scaling.concurrency,
+                                                          scaling.max_containers)
+            router.begin_loading()
+            task = self.router_loads[key] = asyncio.create_task(self.load_router(key, router, dep))
+            task.add_done_callback(lambda t: self.router_loads.pop(key) if self.router_loads.get(key) is t else None)
+        loading = self.router_loads.get(key)
+        if loading is not None:
+            await asyncio.shield(loading)  # a caller that gives up does not stop the load for the others
+        return router
+
+    async def load_router(self, key: str, router: DeploymentRouter, dep: Deployment) -> None:
+        try:
             rows = await self.pool.fetch(
                 "SELECT container_id, status, address FROM gateway.containers WHERE workspace=$1 AND deployment_id=$2 "
                 "AND status NOT IN ('stopped', 'failed')", dep.workspace, dep.deployment_id)
-            for r in rows:  # a session's sandbox is its session's alone
-                if not self.container_deployment.get(r["container_id"], "").startswith("session:"):
-                    await router.update(r["container_id"], r["status"], r["address"])
-            self.routers[route_key(dep.workspace, dep.deployment_id)] = router
-        return router
+        except BaseException:
+            if self.routers.get(key) is router:  # the next call tries again
+                del self.routers[key]
+            raise
+        # a session's sandbox is its session's alone
+        await router.loaded([(r["container_id"], r["status"], r["address"]) for r in rows
+                             if not self.container_deployment.get(r["container_id"], "").startswith("session:")])
 
     async def publish(self, event: E.Event, workspace: str,
                       correlation_id: str | None = None) -> tuple[Any, Appended]:
