@@ -3,7 +3,7 @@
 Small bodies are read whole (no chunked re-encoding); large or unsized ones stream both ways. The
 hop owns the router slot it is given: it is released exactly once, when the answer has been sent
 (or when forwarding failed). A container that cannot be connected to raises Unreached, so that the
-caller may send the call elsewhere.
+caller may send the call elsewhere; one that took the call and gave no answer raises NotAnswered.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any, AsyncIterator
 import aiohttp
 import yarl
 from fastapi import HTTPException, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import Response, StreamingResponse
 from starlette.background import BackgroundTask
 
 from .router import DeploymentRouter, Slot
@@ -29,6 +29,11 @@ CHUNK = 65536
 class Unreached(Exception):
     """The container could not be connected to (refused, unreachable, connect timeout): the call was
     never delivered, so it may go to another container."""
+
+
+class NotAnswered(Exception):
+    """The call was sent but no answer came (the connection broke, the call's timeout passed): it may
+    have run, so it is not sent again; the caller answers 502 with this sentence."""
 
 
 NOT_DELIVERED = (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError)
@@ -70,8 +75,7 @@ async def forward(session: aiohttp.ClientSession, request: Request, address: str
         raise Unreached(f"the container did not answer: {type(exc).__name__}: {exc}") from exc
     except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
         await router.release(slot)
-        return JSONResponse({"detail": f"the container did not answer: {type(exc).__name__}: {exc}"},
-                            status_code=502)
+        raise NotAnswered(f"the container did not answer: {type(exc).__name__}: {exc}") from exc
     except BaseException:
         await router.release(slot)
         raise

@@ -20,6 +20,7 @@ from levers9.contracts import events as E
 from levers9.contracts import uuid7
 from levers9.contracts.checkpoint_policy import RestoreChoice, restore_choice
 from levers9.contracts.spec import CheckpointRef
+from levers9.runtime import telemetry
 
 from . import proxy
 from .auth import Caller, User
@@ -114,6 +115,7 @@ async def invoke(gw: GatewayState, request: Request, caller: Caller, name: str, 
         raise HTTPException(413, f"the body is {length} bytes; the limit is {gw.settings.max_body_bytes}")
     router_ = await gw.router_for(dep)
     correlation = uuid7()
+    telemetry.correlation_id.set(correlation)  # this call's log lines carry it
     timeout = float(dep.spec.timeout_seconds)
 
     async def request_container() -> str:
@@ -147,6 +149,9 @@ async def invoke(gw: GatewayState, request: Request, caller: Caller, name: str, 
             if attempt == STOPPING_RETRIES or not replayable:
                 return JSONResponse({"detail": str(exc), "correlation_id": correlation}, status_code=502)
             continue
+        except proxy.NotAnswered as exc:
+            log.warning("container %s at %s: %s", slot.container_id, slot.address, exc)
+            return JSONResponse({"detail": str(exc), "correlation_id": correlation}, status_code=502)
         if response.status_code != 503 or STOPPING_HEADER.lower() not in response.headers:
             break
         await router_.update(slot.container_id, "stopping")

@@ -221,7 +221,11 @@ async def ip_batch(lines: list[str], netns: str | None = None) -> None:
 
 
 async def link_exists(name: str) -> bool:
-    return Path("/sys/class/net", name).exists()
+    """Asked of ip(8), not /sys/class/net: a worker of the netns backend has only its network entered
+    (`nsenter --net`), and the machine's sysfs it sees lists the machine's links, not its own."""
+    proc = await asyncio.create_subprocess_exec("ip", "link", "show", "dev", name, stdin=asyncio.subprocess.DEVNULL,
+                                                stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL)
+    return await proc.wait() == 0
 
 
 async def ensure_bridge(name: str, subnet: str) -> ipaddress.IPv4Interface:

@@ -63,6 +63,8 @@ def one_worker_stack(home: Path, cpu_millicores: int, memory_mib: int) -> Iterat
     """`levers9 up` in `home` with one local worker of that size, until it is ready; `levers9 down` after."""
     import os
 
+    from levers9.runtime.ports import free_port
+
     # LEVERS9_E2E_BACKEND=netns: the worker is its own host (its own network namespace and address,
     # levers9.runtime.hosts), and `levers9 up`'s own worker sits in a pool no request names
     backend = os.environ.get("LEVERS9_E2E_BACKEND", "local")
@@ -70,7 +72,8 @@ def one_worker_stack(home: Path, cpu_millicores: int, memory_mib: int) -> Iterat
     pools.write_text(f'[pools.default]\nbackend = "{backend}"\nmin_warm = 1\nmax_workers = 1\nidle_timeout_s = 600\n'
                      f'worker_cpu_millicores = {cpu_millicores}\nworker_memory_mib = {memory_mib}\n')
     env = {k: v for k, v in os.environ.items() if not k.startswith("LEVERS9_")}
-    env.update(LEVERS9_HOME=str(home), LEVERS9_POOLS_FILE=str(pools),
+    # its own node cache port from the ledger: the default (2050) may be another stack's
+    env.update(LEVERS9_HOME=str(home), LEVERS9_POOLS_FILE=str(pools), LEVERS9_CACHE_PORT=str(free_port()),
                LEVERS9_WORKER_CPU_MILLICORES=str(cpu_millicores), LEVERS9_WORKER_MEMORY_MIB=str(memory_mib),
                **({"LEVERS9_WORKER_POOL": "machine"} if backend != "local" else {}))
     try:

@@ -402,3 +402,32 @@ async def test_a_call_whose_every_container_refuses_the_connection_fails_with_50
         assert r.json()["correlation_id"] and gw.routers["default/hello-v1"].containers == {}
     finally:
         await gw.session.close()
+
+
+async def test_a_container_that_takes_the_call_and_drops_it_answers_502_with_the_correlation_id(gw):
+    """The call was delivered and may have run: it is not sent again, and the 502 says why and which
+    correlation id the gateway's log lines of this call carry."""
+    import asyncio
+
+    from aiohttp import ClientSession
+
+    dep_address = hello_v1_with_nothing_listening(gw, timeout_seconds=5)
+
+    async def drop(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.close()
+    server = await asyncio.start_server(drop, "127.0.0.1", 0)
+    address = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    assert address != dep_address
+    gw.pool.answer("AND deployment_id=$2 AND status NOT IN", [{"container_id": "c1", "status": "ready",
+                                                                "address": address}])
+    gw.session = ClientSession()
+    try:
+        async with client(gw) as c:
+            r = await c.post("/endpoint/hello", content="x")
+        assert r.status_code == 502 and "did not answer: ServerDisconnectedError" in r.json()["detail"]
+        assert r.json()["correlation_id"]
+        assert gw.bus.events() == []  # not sent to another container
+    finally:
+        await gw.session.close()
+        server.close()
