@@ -98,3 +98,26 @@ async def test_the_reaper_kills_a_run_declared_lost_while_alive_then_removes_wha
     assert removed == ["c-left"] and not (state_dir / "containers" / "c-left").exists()
     assert try_run_lock(state_dir) is not None  # and it let go of the lock
     assert await reap(Settings(home=str(tmp_path), runtime="process"), "never-ran") == []
+
+
+def test_kill_tree_does_not_wait_on_a_zombie_it_cannot_reap():
+    """The lost run is its pool controller's child: killed, it stays a zombie until that controller
+    reaps it, and the reaper (not its parent) must count it gone at once, not after a timeout."""
+    import subprocess
+    import time
+
+    from levers9.worker.restart import kill_tree
+
+    # a parent that never reaps: its child, killed, stays a zombie (as the lost run does for the reaper)
+    parent = subprocess.Popen(["python3", "-c", "import subprocess, time; p = subprocess.Popen(['sleep', '60']); "
+                                                "print(p.pid, flush=True); time.sleep(60)"], stdout=subprocess.PIPE)
+    try:
+        child = int(parent.stdout.readline())
+        t0 = time.monotonic()
+        kill_tree(child)
+        assert time.monotonic() - t0 < 5
+        import psutil
+        assert psutil.Process(child).status() == psutil.STATUS_ZOMBIE
+    finally:
+        parent.kill()
+        parent.wait()
