@@ -37,6 +37,7 @@ class NotAnswered(Exception):
 
 
 NOT_DELIVERED = (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError)
+RESET = (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError)  # after NOT_DELIVERED: a connector error is one
 
 
 def forward_headers(headers: Any) -> dict[str, str]:
@@ -63,13 +64,34 @@ async def request_body(request: Request, limit: int) -> bytes | AsyncIterator[by
     return stream()
 
 
+async def send(session: aiohttp.ClientSession, method: str, url: yarl.URL, headers: dict[str, str],
+               body: Any, timeout: aiohttp.ClientTimeout) -> tuple[aiohttp.ClientResponse, aiohttp.ClientSession | None]:
+    """The answer's head, and the one-off session it came on (None: the shared one). A connection the
+    container closed or reset before any byte came back (a kept-alive one it had dropped: a restored
+    container's, say) is tried once more on a connection of its own, when the body can be sent again;
+    the pool may hold more such connections to it."""
+    try:
+        return await session.request(method, url, headers=headers, data=body, timeout=timeout), None
+    except NOT_DELIVERED:
+        raise
+    except RESET:
+        if not isinstance(body, (bytes, type(None))):
+            raise  # a streamed body is spent
+    fresh = aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True))
+    try:
+        return await fresh.request(method, url, headers=headers, data=body, timeout=timeout), fresh
+    except BaseException:
+        await fresh.close()
+        raise
+
+
 async def forward(session: aiohttp.ClientSession, request: Request, address: str, subpath: str, timeout: float,
                   limit: int, router: DeploymentRouter, slot: Slot) -> Response:
     try:
         body = await request_body(request, limit)
-        resp = await session.request(request.method, target_url(address, subpath, request.url.query),
-                                     headers=forward_headers(request.headers), data=body,
-                                     timeout=aiohttp.ClientTimeout(total=timeout, sock_connect=CONNECT_S))
+        resp, fresh = await send(session, request.method, target_url(address, subpath, request.url.query),
+                                 forward_headers(request.headers), body,
+                                 aiohttp.ClientTimeout(total=timeout, sock_connect=CONNECT_S))
     except NOT_DELIVERED as exc:
         await router.release(slot)
         raise Unreached(f"the container did not answer: {type(exc).__name__}: {exc}") from exc
@@ -79,19 +101,20 @@ async def forward(session: aiohttp.ClientSession, request: Request, address: str
     except BaseException:
         await router.release(slot)
         raise
+
+    async def done() -> None:
+        resp.release()
+        if fresh is not None:
+            await fresh.close()
+        await router.release(slot)
+
     out_headers = forward_headers(resp.headers)
     out_headers["x-levers9-container-id"] = slot.container_id  # which container answered
     if resp.content_length is not None and resp.content_length <= WHOLE_ANSWER_BYTES:
         try:
             data = await resp.read()
         finally:
-            resp.release()
-            await router.release(slot)
+            await done()
         return Response(data, status_code=resp.status, headers=out_headers)
-
-    async def done() -> None:
-        resp.release()
-        await router.release(slot)
-
     return StreamingResponse(resp.content.iter_chunked(CHUNK), status_code=resp.status, headers=out_headers,
                              background=BackgroundTask(done))

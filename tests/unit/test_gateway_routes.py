@@ -431,3 +431,35 @@ async def test_a_container_that_takes_the_call_and_drops_it_answers_502_with_the
     finally:
         await gw.session.close()
         server.close()
+
+
+async def test_a_call_whose_connection_is_reset_before_any_byte_is_sent_again_on_a_fresh_one(gw):
+    """A kept-alive connection the container dropped: the call goes once more, to the same container,
+    on a connection of its own, and is answered; no other container is asked for."""
+    import asyncio
+
+    from aiohttp import ClientSession
+
+    hello_v1_with_nothing_listening(gw, timeout_seconds=5)
+    seen: list[int] = []
+
+    async def first_dropped(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        seen.append(1)
+        if len(seen) > 1:
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok")
+            await writer.drain()
+        writer.close()
+    server = await asyncio.start_server(first_dropped, "127.0.0.1", 0)
+    address = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    gw.pool.answer("AND deployment_id=$2 AND status NOT IN", [{"container_id": "c1", "status": "ready",
+                                                                "address": address}])
+    gw.session = ClientSession()
+    try:
+        async with client(gw) as c:
+            r = await c.post("/endpoint/hello", content="x")
+        assert r.status_code == 200 and r.text == "ok" and len(seen) == 2
+        assert r.headers["x-levers9-container-id"] == "c1" and gw.bus.events() == []
+    finally:
+        await gw.session.close()
+        server.close()
