@@ -17,7 +17,7 @@ import shlex
 import stat
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from levers9.executor import wire
 
@@ -220,6 +220,29 @@ def plain_file(upper: Path, path: str) -> bool:
         if stat.S_ISLNK(mode):
             return False
     return stat.S_ISREG(mode) if current != upper else False
+
+
+def open_plain(upper: Path, path: str) -> BinaryIO:
+    """`path` (a container path) in the writable layer `upper`, opened for reading through real
+    directories only (each one opened relative to the last, never following a link), and only if it
+    is a regular file: checking with plain_file and then opening would let a running container swap in
+    a link between the two. OSError otherwise."""
+    parts = [p for p in path.strip("/").split("/") if p]
+    if not parts:
+        raise IsADirectoryError(path)
+    fd = os.open(upper, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for part in parts[:-1]:
+            fd, parent = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd), fd
+            os.close(parent)
+        leaf = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=fd)
+    finally:
+        os.close(fd)
+    if not stat.S_ISREG(os.fstat(leaf).st_mode):
+        os.close(leaf)
+        raise OSError(f"{path} is not a regular file")
+    os.set_blocking(leaf, True)
+    return os.fdopen(leaf, "rb")
 
 
 def write_upper(upper: Path, files: dict[str, str]) -> None:

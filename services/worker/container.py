@@ -14,7 +14,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, BinaryIO
 
 from levers9.contracts.spec import ImageRef
 from levers9.contracts.volumes import Bind
@@ -135,6 +135,20 @@ class Runtime(ABC):
     @abstractmethod
     def log_path(self, container_id: str) -> Path:
         """The container's combined stdout/stderr, also after it was stopped."""
+
+    def open_log(self, container_id: str) -> BinaryIO:
+        """The log, opened for reading (OSError when there is none). A runtime whose containers write
+        their log where the host reads it opens it without following their links."""
+        return open(self.log_path(container_id), "rb")
+
+    def log_tail(self, container_id: str, lines: int = 12) -> str:
+        """The log's last lines, joined (for a failure's reason); empty when there is none."""
+        try:
+            with self.open_log(container_id) as f:
+                text = f.read().decode(errors="replace").strip().splitlines()
+        except OSError:  # none, or a link the container planted
+            return ""
+        return " | ".join(text[-lines:])[-1500:]
 
     @abstractmethod
     async def cleanup_all(self) -> list[str]:

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Callable
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from fastapi import FastAPI, HTTPException
 from fastapi.responses import PlainTextResponse, StreamingResponse
@@ -24,18 +23,20 @@ def add_routes(app: FastAPI, worker: WorkerService) -> None:
 
     @app.get("/containers/{container_id}/logs")
     async def logs(container_id: str, follow: bool = False):
-        path = worker.runtime.log_path(container_id)
-        if not path.exists():
-            raise HTTPException(404, f"no log for container {container_id!r} on worker {worker.worker_id}")
+        try:
+            f = worker.runtime.open_log(container_id)
+        except OSError:
+            raise HTTPException(404, f"no log for container {container_id!r} on worker {worker.worker_id}") from None
         if not follow:
-            return PlainTextResponse(path.read_text(errors="replace"))
-        return StreamingResponse(follow_log(path, lambda: container_id in worker.containers),
+            with f:
+                return PlainTextResponse(f.read().decode(errors="replace"))
+        return StreamingResponse(follow_log(f, lambda: container_id in worker.containers),
                                  media_type="text/plain")
 
 
-async def follow_log(path: Path, alive: Callable[[], bool]) -> AsyncIterator[bytes]:
-    """The log as it grows, until the container is gone and everything it wrote was sent."""
-    with path.open("rb") as f:
+async def follow_log(log: BinaryIO, alive: Callable[[], bool]) -> AsyncIterator[bytes]:
+    """The log (open) as it grows, until the container is gone and everything it wrote was sent."""
+    with log as f:
         while True:
             chunk = f.read(65536)
             if chunk:

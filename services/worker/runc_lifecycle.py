@@ -19,6 +19,7 @@ import shutil
 import time
 from dataclasses import asdict
 from pathlib import Path
+from typing import BinaryIO
 
 import msgspec
 
@@ -33,6 +34,7 @@ from .bundle import (
     bundle_spec,
     cgroups_path,
     egress_proxy_of,
+    open_plain,
     plain_file,
     spec_record,
     upper_files,
@@ -116,9 +118,17 @@ class RuncLifecycle(Runtime):
 
     def log_path(self, container_id: str) -> Path:
         live = self.container_dir(container_id) / "upper" / LOG_FILE.lstrip("/")
-        # a log the container made a symlink (to a host file) is never read: read it with O_NOFOLLOW too
+        # a log the container made a symlink (to a host file) is never read (open_log reads it)
         return live if plain_file(self.container_dir(container_id) / "upper", LOG_FILE) \
             else self.logs_dir / f"{container_id}.log"
+
+    def open_log(self, container_id: str) -> BinaryIO:
+        """The live log through the container's own directories, never a link it planted (OSError:
+        ELOOP, ENOTDIR), else the one kept after it stopped."""
+        try:
+            return open_plain(self.container_dir(container_id) / "upper", LOG_FILE)
+        except FileNotFoundError:
+            return open(self.logs_dir / f"{container_id}.log", "rb")
 
     # -- start --
 

@@ -62,14 +62,6 @@ HEALTH_POLL_S = 0.02
 NOTHING_TO_RUN = "nothing to run: the request names no deployment"
 
 
-def log_tail(path: Path, lines: int = 12) -> str:
-    try:
-        text = path.read_text(errors="replace").strip().splitlines()
-    except OSError:
-        return ""
-    return " | ".join(text[-lines:])[-1500:]
-
-
 class WorkerService(Service):
     name = "worker"
     # ContainersView is not read to start anything (a placement carries what the start needs); it
@@ -401,7 +393,7 @@ class WorkerService(Service):
         self.sandboxes.forget(c.container_id)
         self.gpus.free(c.container_id)  # its cards, once it is stopped
         if failed:
-            tail = log_tail(self.runtime.log_path(c.container_id))
+            tail = self.runtime.log_tail(c.container_id)
             reason = ended.reason + (f"; log: {tail}" if tail and tail not in ended.reason else "")
             if not c.stopping:
                 try:

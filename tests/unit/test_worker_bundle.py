@@ -145,3 +145,37 @@ def test_a_log_the_container_made_a_symlink_is_not_a_plain_file(tmp_path):
     (tmp_path / "elsewhere" / "container.log").write_text("not the container's")
     log.parent.symlink_to(tmp_path / "elsewhere")  # or its directory
     assert not plain_file(upper, LOG_FILE) and not plain_file(upper, "/var/log/levers9/missing")
+
+
+def test_open_plain_reads_the_log_and_never_a_link_the_container_planted(tmp_path):
+    """open_plain walks the container's directories itself: a link as the log, as one of its
+    directories, or a fifo is refused, whatever was there when plain_file looked."""
+    import os
+
+    import pytest
+
+    from levers9.worker.bundle import LOG_FILE, open_plain
+
+    upper = tmp_path / "upper"
+    log = upper / LOG_FILE.lstrip("/")
+    log.parent.mkdir(parents=True)
+    log.write_text("ok")
+    with open_plain(upper, LOG_FILE) as f:
+        assert f.read() == b"ok"
+    secret = tmp_path / "host-secret"
+    secret.write_text("secret")
+    log.unlink()
+    log.symlink_to(secret)
+    with pytest.raises(OSError):
+        open_plain(upper, LOG_FILE)
+    log.unlink()
+    os.mkfifo(log)  # opened without blocking, then refused
+    with pytest.raises(OSError):
+        open_plain(upper, LOG_FILE)
+    log.unlink()
+    log.parent.rmdir()
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / "container.log").write_text("not the container's")
+    log.parent.symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(OSError):
+        open_plain(upper, LOG_FILE)

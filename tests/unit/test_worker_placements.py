@@ -23,7 +23,7 @@ from levers9.runtime.config import Settings
 from levers9.runtime.consumer import Delivery
 from levers9.worker import checkpointing
 from levers9.worker import service as worker_service
-from levers9.worker.container import ContainerSpec, Exit, Started
+from levers9.worker.container import ContainerSpec, Exit, Runtime, Started
 from levers9.worker.service import NOTHING_TO_RUN, WorkerService
 
 SPEC = DeploymentSpec(name="hello", code=Code(module="app", handler="handler", sha256="ab" * 32, key="code/x"),
@@ -67,6 +67,11 @@ class FakeRuntime:
 
     def log_path(self, container_id: str) -> Path:
         return self.tmp / f"{container_id}.log"
+
+    def open_log(self, container_id: str):
+        return open(self.log_path(container_id), "rb")
+
+    log_tail = Runtime.log_tail
 
 
 RING = sealing.dump_keyring(sealing.rotated(None))
