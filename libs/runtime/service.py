@@ -139,9 +139,10 @@ class Service:
         if caught_up():  # also with timeout=0, where wait_for would time out before looking
             return True
         async with self._advanced:
-            try:
-                await asyncio.wait_for(self._advanced.wait_for(caught_up), timeout)
-            except asyncio.TimeoutError:
+            try:  # in this task (not wait_for's): see levers9.gateway.router, acquire
+                async with asyncio.timeout(timeout):
+                    await self._advanced.wait_for(caught_up)
+            except TimeoutError:
                 return False
         return True
 

@@ -141,9 +141,13 @@ class DeploymentRouter:
                     remaining = deadline - time.monotonic()
                     if remaining <= 0:
                         raise NoCapacity(f"no container became ready within {timeout:.0f} s")
+                    # in this task, not in wait_for's: a call cancelled again while wait_for waited for
+                    # its inner wait to take the lock back left at once and let go of a lock another call
+                    # held ("cannot wait on un-acquired lock", found by test_gateway_burst's property)
                     try:
-                        await asyncio.wait_for(self.changed.wait(), timeout=remaining)
-                    except asyncio.TimeoutError:
+                        async with asyncio.timeout(remaining):
+                            await self.changed.wait()
+                    except TimeoutError:
                         pass
         finally:
             self.waiting -= 1

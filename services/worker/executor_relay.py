@@ -20,10 +20,13 @@ import hashlib
 import hmac
 import json
 import logging
+import os
 import secrets
 import shutil
+import stat
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from typing import Any
 
 from levers9.executor import wire
 
@@ -78,7 +81,7 @@ class Relay:
                 await self.paused[container_id].wait()
             self.open[container_id] = self.open.get(container_id, 0) + 1
             try:
-                up_reader, up_writer = await asyncio.open_unix_connection(str(sock), limit=1 << 20)
+                up_reader, up_writer = await open_socket(sock, limit=1 << 20)
             except OSError as exc:
                 writer.write(wire.encode({"kind": "error", "error": f"the sandbox's executor does not answer: {exc}"}))
                 await writer.drain()
@@ -126,9 +129,22 @@ async def splice(a_reader: asyncio.StreamReader, a_writer: asyncio.StreamWriter,
     b_writer.close()
 
 
+async def open_socket(sock: Path, **kw: Any) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """Connect to the socket at `sock` itself, never to what a link there points at: its directory is
+    the sandbox's own (bound at /run/levers9), and a link it planted to a socket of the host (the
+    database's, say) would have this root process connect there for it. OSError if it is no socket."""
+    fd = os.open(sock, os.O_PATH | os.O_NOFOLLOW)
+    try:
+        if not stat.S_ISSOCK(os.fstat(fd).st_mode):
+            raise ConnectionRefusedError(f"{sock.name} in the sandbox's directory is not a socket")
+        return await asyncio.open_unix_connection(f"/proc/self/fd/{fd}", **kw)
+    finally:
+        os.close(fd)
+
+
 async def executor_hello(sock: Path) -> dict:
     """Connect to a sandbox's executor and read its hello; ProtocolError if its generation is unknown."""
-    reader, writer = await asyncio.open_unix_connection(str(sock))
+    reader, writer = await open_socket(sock)
     try:
         header, _ = await asyncio.wait_for(wire.aread_frame(reader), HELLO_TIMEOUT_S)
         wire.check_hello(header)

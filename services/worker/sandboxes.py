@@ -61,11 +61,17 @@ def generation_refusal(spec: DeploymentSpec) -> str:
             f"{sorted(wire.SUPPORTED_GENERATIONS)}: upgrade the worker or deploy with this platform's SDK")
 
 
+def sockets_root() -> Path:
+    """Where the sandboxes' socket directories live: root's /run (never a shared /tmp, where another
+    local user could have made the path first), or the temporary directory of an unprivileged worker
+    (the process runtime). Short: a unix socket's path must fit in 108 bytes."""
+    return Path("/run/levers9/sb") if os.geteuid() == 0 else Path(tempfile.gettempdir()) / "levers9-sb"
+
+
 class Sandboxes:
     def __init__(self, settings: Settings, state_dir: Path) -> None:
         self.settings = settings
-        # short: a unix socket's path must fit in 108 bytes, and a home's path may be long
-        self.root = Path(tempfile.gettempdir()) / "levers9-sb" / hashlib.sha256(str(state_dir).encode()).hexdigest()[:8]
+        self.root = sockets_root() / hashlib.sha256(str(state_dir).encode()).hexdigest()[:8]
         self.ready: dict[str, Path] = {}  # container id -> its executor socket, once ready
         self.relay = Relay(self.ready.get)
         self.port = 0
@@ -87,8 +93,10 @@ class Sandboxes:
         """The ContainerSpec fields of a function sandbox (its socket directory made afresh)."""
         executor_dir = self.root / container_id
         shutil.rmtree(executor_dir, ignore_errors=True)
-        executor_dir.mkdir(parents=True)
-        executor_dir.chmod(0o777)  # the sandbox's user creates its socket here
+        self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self.root.chmod(0o700)  # nobody but this worker reaches the sandboxes' directories from the host
+        executor_dir.mkdir()
+        executor_dir.chmod(0o777)  # the sandbox's user (any uid of its image) creates its socket here
         return {"executor_dir": executor_dir, "vendor_dir": vendor_dir(self.settings.home_path),
                 "packages_dir": self.packages_dir(workspace, image)}
 

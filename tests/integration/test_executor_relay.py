@@ -142,3 +142,28 @@ async def test_a_call_refused_by_a_sandbox_that_ended_goes_to_another_sandbox_in
     assert [(type(e), e.container_id) for e in logged] == [(E.FunctionCallStarted, "c-alive")]
     server.close()
     executor.close()
+
+
+async def test_a_link_the_sandbox_plants_as_its_socket_is_never_followed(tmp_path):
+    """The socket's directory is the sandbox's own (/run/levers9 inside): it can replace its socket with
+    a link to a socket of the host. The relay (root on the host) must not connect there for it."""
+    host_socket = tmp_path / "host-db.sock"  # stands for a control-plane socket (Postgres's)
+    reached: list[int] = []
+
+    async def host_server(reader, writer):
+        reached.append(1)
+        writer.close()
+    host = await asyncio.start_unix_server(host_server, str(host_socket))
+    sandbox_dir = tmp_path / "sandbox"
+    sandbox_dir.mkdir()
+    sock = sandbox_dir / "executor.sock"
+    sock.symlink_to(host_socket)
+    relay = Relay({"c1": sock}.get)
+    server, port = await relay_server(relay)
+    outcome = await attempt(relay_address("127.0.0.1", port, "c1", relay.key("c1")), {"kind": "call"}, b"x",
+                            Seen(), 5.0, asyncio.Event())
+    assert not outcome.ok and "not a socket" in outcome.reason, outcome.reason
+    await asyncio.sleep(0.2)  # a connection the relay made would have been accepted by now
+    assert reached == []
+    server.close()
+    host.close()
