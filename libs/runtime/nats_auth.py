@@ -44,6 +44,9 @@ POWER_OWNERS: dict[str, frozenset[str]] = {
     "WorkerProvisioned": frozenset({"pool-controller"}),
     "WorkerLost": frozenset({"pool-controller"}),
     "WorkerDrained": frozenset({"pool-controller"}),
+    # a lost worker's containers are placed again on it: its reaper (the pool controller's) or its
+    # own next run says nothing of the dead run is left (events_fencing.py)
+    "WorkerFenced": frozenset({"pool-controller", WORKER}),
     "WorkerRegistered": frozenset({WORKER}),
     "WorkerReady": frozenset({WORKER}),
     "WorkerCordoned": frozenset({"gateway"}),
