@@ -1,8 +1,8 @@
 """A hostile tenant, with an ordinary workspace token, against one `levers9 up` stack (runc, root).
 
 Each case lives in a module named for what it attacks (`_hostile_*.py`) and is collected here, so
-that the cases share one stack: `hostile_env` (workspace `default`, its profile) and
-`hostile_other` (a second workspace). Cases that break the stack on purpose (a worker SIGKILLed)
+that the cases share one stack: `hostile_env` (workspace `default`, its profile; a case that needs a
+second workspace mints its token). Cases that break the stack on purpose (a worker SIGKILLed)
 start their own. RELIABILITY.md lists every case with what it now gets.
 """
 
