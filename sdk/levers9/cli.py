@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 from typing import Optional
+from urllib.parse import urlsplit, urlunsplit
 
 import typer
 from rich.console import Console
@@ -217,9 +218,20 @@ def show_status(stack, json_out: bool) -> bool:
     else:
         table = Table("component", "healthy", "url", "detail")
         for c in comps:
-            table.add_row(c.name, "[green]yes[/green]" if c.healthy else "[red]no[/red]", c.url, c.detail)
+            table.add_row(c.name, "[green]yes[/green]" if c.healthy else "[red]no[/red]", without_password(c.url),
+                          c.detail)
         out.print(table)
     return all(c.healthy for c in comps)
+
+
+def without_password(url: str) -> str:
+    """A URL as the status table shows it: a password in it (Postgres's superuser's) is not printed
+    where a screen or a terminal log may keep it; `--json` has it, for the tools of the home's owner."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    host = parts.netloc.rsplit("@", 1)[1]
+    return urlunsplit(parts._replace(netloc=f"{parts.username or ''}:***@{host}"))
 
 
 # ---- events -------------------------------------------------------------------------------------

@@ -50,3 +50,12 @@ def test_deployments_list_json_is_the_gateways_answer(invoke):
 def test_deployment_columns_without_a_spec():
     assert cli_app.deployment_columns({"name": "x", "version": 1}) == {"name": "x", "version": 1}
     assert cli_app.deployment_columns({"name": "x", "spec": {"resources": {"gpu": []}}}) == {"name": "x"}
+
+
+def test_the_status_table_prints_no_password():
+    from levers9.cli import without_password
+
+    assert without_password("postgresql://postgres:s3cr3t@127.0.0.1:5432/levers9?sslmode=disable") == \
+        "postgresql://postgres:***@127.0.0.1:5432/levers9?sslmode=disable"
+    assert without_password("nats://127.0.0.1:4222") == "nats://127.0.0.1:4222"
+    assert without_password("postgresql://u:p%40ss@[::1]:5432/db") == "postgresql://u:***@[::1]:5432/db"
