@@ -8,7 +8,8 @@ plaintext's size and sha256, and appends CheckpointStored;
 while S3 is unreachable the checkpoint stays dumped and the event is retried (a transient failure
 for the consumer) until S3 is back, so an outage loses no checkpoint; so is the dumping node's cache
 while it does not answer (or answers 5xx): the dump is there, its node is restarting or cut off for a
-while (seen: two new dumps lost to a node cache down for a minute); any other failure ends it with
+while (seen: two new dumps lost to a node cache down for a minute), for up to NODE_CACHE_PATIENCE_S
+after the dump (then its node is taken for gone); any other failure ends it with
 CheckpointFailed (stage upload). A checkpoint of a
 deployment that was deleted meanwhile is refused. CheckpointDeleted removes the object.
 """
@@ -17,8 +18,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime as dt
 import hashlib
 import logging
+import time
 from typing import AsyncIterator
 
 import httpx
@@ -42,6 +45,18 @@ UPLOAD_ATTEMPTS = 4
 
 class UploadFailed(Exception):
     pass
+
+
+NODE_CACHE_PATIENCE_S = 900.0  # a dump's node cache that stays silent this long after the dump: the node is gone
+
+
+def waited_s(occurred_at: str, now: float | None = None) -> float:
+    """Seconds since an envelope's `occurred_at` (0 when it does not parse)."""
+    try:
+        then = dt.datetime.strptime(occurred_at, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=dt.timezone.utc)
+    except ValueError:
+        return 0.0
+    return max(0.0, (time.time() if now is None else now) - then.timestamp())
 
 
 class NodeCacheUnavailable(ConnectionError):
@@ -102,8 +117,14 @@ class CheckpointStoreService(Service):
             log.warning("checkpoint %s waits for S3: %s", ev.checkpoint_id, exc)
             raise S3Unavailable(f"S3 is unreachable: {exc}") from exc
         except NodeCacheUnavailable as exc:
-            log.warning("checkpoint %s waits for its node cache: %s", ev.checkpoint_id, exc)
-            raise
+            waited = waited_s(env.occurred_at)
+            if waited < NODE_CACHE_PATIENCE_S:
+                log.warning("checkpoint %s waits for its node cache: %s", ev.checkpoint_id, exc)
+                raise
+            await self.bus.publish(caused_by(env, E.CheckpointFailed(  # its node is gone, not restarting
+                checkpoint_id=ev.checkpoint_id, stage="upload", deployment_id=ev.deployment_id,
+                worker_id=ev.worker_id, reason=f"its node cache has not answered for {waited / 60:.0f} min: {exc}")))
+            return
         except Exception as exc:  # noqa: BLE001 - every other failure ends the checkpoint with its reason
             log.warning("checkpoint %s not stored: %s", ev.checkpoint_id, exc)
             await self.bus.publish(caused_by(env, E.CheckpointFailed(
