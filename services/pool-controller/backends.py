@@ -37,6 +37,11 @@ class Backend(ABC):
         """What the pool's last decision should add (e.g. why its last start failed); "" for nothing."""
         return ""
 
+    def reaper_where(self, worker_id: str) -> tuple[list[str], dict[str, str]]:
+        """Where a lost worker's reaper runs: a command prefix and settings, ([], {}) for this machine
+        as this controller sees it."""
+        return [], {}
+
 
 class LocalBackend(Backend):
     """Worker processes on this machine, each in its own session, logging to $LEVERS9_HOME/logs.

@@ -52,5 +52,15 @@ class NetnsBackend(LocalBackend):
                 (self.markers / plan.netns).unlink(missing_ok=True)
         return gone
 
+    def reaper_where(self, worker_id: str) -> tuple[list[str], dict[str, str]]:
+        """In the worker's host namespace, with its bridge and subnet, while that host is still there
+        (the worker's containers' veths, address claims and firewall are its bridge's); once the host
+        is gone (removed with its worker) so are they, and the reaper runs here."""
+        plan = self.hosts.get(worker_id)
+        if plan is None or not (hosts.NETNS_DIR / plan.netns).exists():
+            return [], {}
+        env = hosts.host_env(plan, {}, self.settings.hosts_subnet, self.home)
+        return ["nsenter", f"--net={hosts.NETNS_DIR / plan.netns}", "--"], env
+
     def host_of(self, worker_id: str) -> hosts.HostPlan | None:
         return self.hosts.get(worker_id)

@@ -24,7 +24,7 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import nats.js.errors
 
@@ -40,9 +40,13 @@ class FenceFailed(RuntimeError):
     pass
 
 
+Where = Callable[[str], tuple[list[str], dict[str, str]]]  # worker -> (command prefix, settings) of its reaper
+
+
 class Fencer:
-    def __init__(self, home: Path) -> None:
+    def __init__(self, home: Path, where: Where = lambda worker_id: ([], {})) -> None:
         self.home = home
+        self.where = where  # a netns host's worker is reaped in its host's namespace (backends_netns)
         self.pending: set[str] = set()  # lost workers whose fence is still to be done
 
     def can_fence(self, worker_id: str) -> bool:
@@ -50,9 +54,10 @@ class Fencer:
 
     async def reap(self, worker_id: str) -> list[str]:
         """Run the worker's reaper; the ids of the containers it removed."""
-        env = {**os.environ, "LEVERS9_HOME": str(self.home), "LEVERS9_WORKER_ID": worker_id}
+        prefix, settings = self.where(worker_id)
+        env = {**os.environ, **settings, "LEVERS9_HOME": str(self.home), "LEVERS9_WORKER_ID": worker_id}
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "levers9.worker.restart", "reap", worker_id, env=env,
+            *prefix, sys.executable, "-m", "levers9.worker.restart", "reap", worker_id, env=env,
             stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
         try:
             out, err = await asyncio.wait_for(proc.communicate(), REAP_TIMEOUT_S)

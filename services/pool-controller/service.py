@@ -72,7 +72,7 @@ class PoolControllerService(Service):
         self.exited: set[str] = set()  # workers whose process exited, not yet declared lost
         self.dirty = asyncio.Event()
         self.decisions: dict[str, str] = {}
-        self.fencer = Fencer(settings.home_path)
+        self.fencer = Fencer(settings.home_path, self.reaper_where)
         self.fences_recovered = False
 
     async def on_start(self) -> None:
@@ -136,6 +136,13 @@ class PoolControllerService(Service):
         if beating:
             self.heartbeats.restart(f"worker {worker_id} beats but the table missed it")
         return beating is False
+
+    def reaper_where(self, worker_id: str) -> tuple[list[str], dict[str, str]]:
+        for backend in self.backends.values():
+            prefix, settings = backend.reaper_where(worker_id)
+            if prefix or settings:
+                return prefix, settings
+        return [], {}
 
     async def recover_fences(self) -> None:
         """Once, at the first pass: lost workers of this machine whose fence a previous run left undone."""

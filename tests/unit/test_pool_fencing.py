@@ -62,3 +62,32 @@ async def test_a_restarted_controller_fences_what_its_previous_run_left_undone()
     fencer = Fencer(Path("/nonexistent"))
     await fencer.recover(bus, ["w-undone", "w-done", "w-old", "w-again", "w-unknown"])
     assert fencer.pending == {"w-undone", "w-again"}
+
+
+async def test_the_reaper_runs_where_and_with_the_settings_its_backend_says(tmp_path):
+    """A netns host's worker is reaped in its host's namespace with its bridge's settings: the prefix
+    and settings `where` gives are those the reaper runs with (here a stand-in prints the setting)."""
+    import sys
+
+    report = "import json, os; print(json.dumps({'removed': [os.environ['LEVERS9_BRIDGE_NAME']]}))"
+    fencer = Fencer(tmp_path, lambda wid: ([sys.executable, "-c", report, "--"], {"LEVERS9_BRIDGE_NAME": f"br-{wid}"}))
+    assert await fencer.reap("w7") == ["br-w7"]
+
+
+def test_a_netns_hosts_reaper_enters_its_host_while_the_host_is_there(tmp_path, monkeypatch):
+    from levers9.pool_controller.backends_netns import NetnsBackend
+    from levers9.runtime import hosts
+    from levers9.runtime.config import Settings
+
+    monkeypatch.setattr(hosts, "NETNS_DIR", tmp_path / "netns")
+    settings = Settings(hosts_subnet="10.210.0.0/24", hosts_container_supernet="10.209.0.0/16")
+    backend = NetnsBackend(tmp_path, settings=settings)
+    plan = hosts.host_plan(3, "10.210.0.0/24", "10.209.0.0/16")
+    backend.hosts["w3"] = plan
+    assert backend.reaper_where("w3") == ([], {})  # its namespace is gone: reaped here
+    (tmp_path / "netns").mkdir()
+    (tmp_path / "netns" / plan.netns).touch()
+    prefix, env = backend.reaper_where("w3")
+    assert prefix == ["nsenter", f"--net={tmp_path / 'netns' / plan.netns}", "--"]
+    assert env["LEVERS9_BRIDGE_NAME"] == plan.bridge and env["LEVERS9_BRIDGE_SUBNET"] == plan.container_subnet
+    assert backend.reaper_where("w-unknown") == ([], {})
