@@ -7,7 +7,12 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh --test
 bash scripts/lint.sh
 set +e
-.venv/bin/python -m pytest -q -p no:cacheprovider --durations=25 "$@"
+# Two lanes (pytest-xdist): e2e stacks mostly wait on containers and servers, so a 2-core machine runs
+# two modules at once; a module never splits across lanes (tests/conftest.py). LEVERS9_TEST_LANES=0:
+# one process. Properties run at most LEVERS9_TEST_EXAMPLES examples each here.
+lanes=${LEVERS9_TEST_LANES:-2}
+export LEVERS9_TEST_EXAMPLES=${LEVERS9_TEST_EXAMPLES:-50}
+.venv/bin/python -m pytest -q -p no:cacheprovider --durations=25 -n "$lanes" --dist loadgroup "$@"
 rc=$?
 set -e
 if [ $rc -eq 5 ]; then

@@ -13,6 +13,32 @@ from hypothesis import settings as hypothesis_settings
 hypothesis_settings.register_profile("levers9", deadline=None)
 hypothesis_settings.load_profile("levers9")
 
+# In CI (scripts/test.sh sets LEVERS9_TEST_EXAMPLES) a property runs at most that many examples, even
+# where the test asks for more: the bound is what CI can afford, a developer's run keeps the test's own.
+EXAMPLES_CAP = int(os.environ.get("LEVERS9_TEST_EXAMPLES") or 0)
+
+# ---- lanes (pytest-xdist, `--dist loadgroup`) ------------------------------------------------------
+# A module's tests share its module-scoped fixtures (a whole stack), so a module is one unit of work:
+# its group is its own file. Modules that make machine-wide network state another module also asserts
+# on (the netns hosts' underlay bridge `levers9hosts`, `l9h-*` namespaces: "down left nothing") share
+# one group, so they never run at the same time.
+SHARED_GROUPS = {"test_e2e_hosts.py": "machine-hosts", "test_e2e_clusters.py": "machine-hosts"}
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the marks
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        name = item.path.name
+        item.add_marker(pytest.mark.xdist_group(SHARED_GROUPS.get(name, str(item.path))))
+        _cap_examples(item)
+
+
+def _cap_examples(item) -> None:
+    test = getattr(item, "obj", None)
+    current = getattr(test, "_hypothesis_internal_use_settings", None)  # what @given/@settings gave it
+    if EXAMPLES_CAP and current is not None and current.max_examples > EXAMPLES_CAP:
+        test._hypothesis_internal_use_settings = hypothesis_settings(current, max_examples=EXAMPLES_CAP)
+
 # ---- servers: one NATS, Postgres, S3 and registry for the whole session (levers9.stack) ------------
 
 SERVER_ENV = {"nats_url": "LEVERS9_NATS_URL", "database_url": "LEVERS9_DATABASE_URL",

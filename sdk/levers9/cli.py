@@ -5,9 +5,11 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import json
+import os
 import re
 import sys
 import time
+import tomllib
 from pathlib import Path
 from typing import Optional
 from urllib.parse import urlsplit, urlunsplit
@@ -104,6 +106,13 @@ def up(json_out: bool = typer.Option(False, "--json", help="print the status as 
     if not s.nats_auth:  # credentials on the bus unless the profile or environment says `off`
         write_profile(profile, {"nats_auth": "on"})
         s = settings()
+    if not _given("cache_port", profile):
+        # this home's node cache on a port of its own: a second home on the machine would find the
+        # default taken by the first's cache, which its workers refuse (another home's S3)
+        from levers9.runtime.ports import free_port
+
+        write_profile(profile, {"cache_port": free_port()})
+        s = settings()
     try:
         with console.status("starting levers9") as spinner:
             def progress(msg: str) -> None:
@@ -126,6 +135,13 @@ def up(json_out: bool = typer.Option(False, "--json", help="print the status as 
     write_profile(profile, {"gateway_url": gateway_url, "token": token})
     console.print(f"levers9 is up. Profile: {profile}")
     show_status(stack, json_out)
+
+
+def _given(name: str, profile: Path) -> bool:
+    """Whether the environment or the profile names setting `name` (its default is not a choice)."""
+    if os.environ.get(f"LEVERS9_{name.upper()}"):
+        return True
+    return profile.exists() and name in tomllib.loads(profile.read_text())
 
 
 def ensure_token(s: Settings, gateway_url: str, nats_url: str) -> str:
