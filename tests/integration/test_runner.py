@@ -228,9 +228,9 @@ def test_async_handler(start, app_dir):
 def test_timeout_is_504_and_body_limit_is_413(start, app_dir):
     r = start(app_dir, "testapp", "slow", timeout="0.3", max_body="100")
     started = time.monotonic()
-    answer = r.http.post("/", json={"seconds": 1})
+    answer = r.http.post("/", json={"seconds": 10})
     assert answer.status_code == 504 and "0.3 s" in answer.json()["error"]
-    assert time.monotonic() - started < 0.9
+    assert time.monotonic() - started < 8  # answered at its timeout, not when the handler ended
     big = r.http.post("/", content=b"x" * 101)
     assert big.status_code == 413 and "over the limit of 100 bytes" in big.json()["error"]
 

@@ -57,7 +57,7 @@ def own_stack(tmp_path):
 def check_status(stack: Stack, urls: dict[str, str]) -> None:
     started = time.monotonic()
     comps = stack.status()
-    assert time.monotonic() - started < 2
+    assert time.monotonic() - started < 10  # no component's probe waits out a long timeout
     assert [c.name for c in comps] == ["nats", "postgres", "s3", "registry", *SERVICES]
     by_name = {c.name: c for c in comps}
     assert by_name["nats"].url == urls["nats_url"]

@@ -277,10 +277,10 @@ def test_ctrl_c_while_waiting_cancels_the_call(fake, monkeypatch):
     monkeypatch.setattr(function_calls, "write_output", interrupting)
     started = time.monotonic()
     with pytest.raises(KeyboardInterrupt):
-        waits.remote()
+        waits.remote(30.0)
     assert wait_for(lambda: fake.kinds("cancel"))
     assert fake.kinds("cancel")[0].reason == "interrupted (Ctrl-C)"
-    assert time.monotonic() - started < 2.9  # did not wait for the call
+    assert time.monotonic() - started < 20  # did not wait for the call (30 s)
 
 
 def test_ctrl_c_from_a_signal_while_blocked_cancels_the_call(fake):
