@@ -223,7 +223,9 @@ async def archived_and_built(svc, ws: str, worker_id: str, registry: str, tmp_pa
 
 async def test_without_a_build_worker_the_build_waits_saying_so(builder_service):
     svc, ws = builder_service, "t" + uuid7().replace("-", "")[-12:]
-    await asyncio.sleep(1)  # the workers view catches up with the session's log
+    # the workers view has applied every worker event of this session's log so far
+    last = await svc.bus.last_seq(subjects.filter_subject(workspace="_sys", aggregate="worker"))
+    assert await svc.wait_projected(last, "workers", timeout=60)
     if await svc.pool.fetchval(f"SELECT count(*) FROM {svc.schema}.workers WHERE pool = 'build' AND status = 'ready'"):
         pytest.skip("a worker of pool build is ready in this session's log")
     image = await request(svc, ws, ImageSpec(commands=[f"echo nobody builds {ws}"]))
