@@ -12,7 +12,7 @@ set +e
 # one process. Properties run at most LEVERS9_TEST_EXAMPLES examples each here.
 lanes=${LEVERS9_TEST_LANES:-2}
 export LEVERS9_TEST_EXAMPLES=${LEVERS9_TEST_EXAMPLES:-50}
-.venv/bin/python -m pytest -q -p no:cacheprovider --durations=25 -n "$lanes" --dist loadgroup "$@"
+.venv/bin/python -m pytest -q -p no:cacheprovider --durations=25 -n "$lanes" "$@"
 rc=$?
 set -e
 if [ $rc -eq 5 ]; then

@@ -17,20 +17,28 @@ hypothesis_settings.load_profile("levers9")
 # where the test asks for more: the bound is what CI can afford, a developer's run keeps the test's own.
 EXAMPLES_CAP = int(os.environ.get("LEVERS9_TEST_EXAMPLES") or 0)
 
-# ---- lanes (pytest-xdist, `--dist loadgroup`) ------------------------------------------------------
-# A module's tests share its module-scoped fixtures (a whole stack), so a module is one unit of work:
-# its group is its own file. Modules that make machine-wide network state another module also asserts
-# on (the netns hosts' underlay bridge `levers9hosts`, `l9h-*` namespaces: "down left nothing") share
-# one group, so they never run at the same time.
-SHARED_GROUPS = {"test_e2e_hosts.py": "machine-hosts", "test_e2e_clusters.py": "machine-hosts"}
+# ---- lanes (pytest-xdist) -------------------------------------------------------------------------
+# A module's tests share its module-scoped fixtures (a whole stack), so a module is one unit of work
+# and goes to one lane whole. Modules that make machine-wide network state another module also asserts
+# on (the netns hosts' underlay bridge `levers9hosts`, `l9h-*` namespaces: "down left nothing") are one
+# unit together, so they never run at the same time. (xdist's `loadgroup` marks do not reach its
+# scheduler under pytest 9: the scheduler is chosen here instead.)
+SHARED_UNITS = {"test_e2e_hosts.py": "machine-hosts", "test_e2e_clusters.py": "machine-hosts"}
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the marks
-def pytest_collection_modifyitems(config, items):
-    for item in items:
-        name = item.path.name
-        item.add_marker(pytest.mark.xdist_group(SHARED_GROUPS.get(name, str(item.path))))
-        _cap_examples(item)
+def pytest_xdist_make_scheduler(config, log):
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ModuleLanes(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return SHARED_UNITS.get(path.rsplit("/", 1)[-1], path)
+
+    return ModuleLanes(config, log)
+
+
+def pytest_itemcollected(item):
+    _cap_examples(item)
 
 
 def _cap_examples(item) -> None:
