@@ -97,7 +97,7 @@ def _bind(source: str, target: Path, read_only: bool = True) -> None:
 
 def _pip_install(root: Path) -> None:
     """pip install PACKAGES in a chroot of `root`, seeing what pip sees on this host."""
-    from levers9.worker.buildah import host_pip_mounts
+    from levers9.worker.builds.buildah import host_pip_mounts
     mounts, pip_env = host_pip_mounts()
     binds = [(m.source, root / m.target.lstrip("/")) for m in mounts]
     binds.append(("/etc/ssl/certs", root / "etc/ssl/certs"))
@@ -164,7 +164,7 @@ class Rig:
 
     def __init__(self, urls: dict[str, str], work: Path, image_id: str) -> None:
         from levers9.runtime.config import Settings
-        from levers9.worker.runc import RuncRuntime
+        from levers9.worker.runtime.runc.runc_runtime import RuncRuntime
         self.work, self.image_id = work, image_id
         self.cache_dir = work / "image-cache"
         self.blobs = self.cache_dir / "blobs"
@@ -181,7 +181,7 @@ class Rig:
 
         from levers9.runtime.service import _Server
         from levers9.stack import free_port
-        from levers9.worker.node_cache import NodeCache, cache_app
+        from levers9.worker.images.node_cache import NodeCache, cache_app
         self.blobs.mkdir(parents=True, exist_ok=True)
         self.cache = NodeCache(self.blobs, self.settings, max_bytes=8 << 30)
         port = free_port()
@@ -209,9 +209,9 @@ class Rig:
             p.unlink()
 
     async def start_once(self, kind: str, ref) -> dict:
-        from levers9.worker.container import ContainerSpec
-        from levers9.worker.images import ImageMounts
-        from levers9.worker.mounts import is_mount_point
+        from levers9.worker.images.layers import ImageMounts
+        from levers9.worker.mounts.syscalls import is_mount_point
+        from levers9.worker.runtime.interface import ContainerSpec
         image_dir = self.cache_dir / "images" / self.image_id
         if kind in ("lazy_cold", "unpack_cold"):
             self.reset_cache()

@@ -265,7 +265,7 @@ def phases(call: dict, events: list[dict], log_birth: float | None) -> dict:
 class Bare:
     def __init__(self, state_dir: Path, tar: Path, code_dir: Path, memory_mib: int, cpu_millicores: int) -> None:
         from levers9.runtime.config import Settings
-        from levers9.worker.runc import RuncRuntime
+        from levers9.worker.runtime.runc.runc_runtime import RuncRuntime
         self.loop = asyncio.new_event_loop()
         self.rt = RuncRuntime(state_dir, Settings(runtime="runc"))
         self.tar, self.code_dir = tar, code_dir
@@ -282,7 +282,7 @@ class Bare:
         return self.run(self._restore_once(expect_nonce))
 
     async def _restore_once(self, expect_nonce: float | None) -> dict:
-        from levers9.worker.runtime import ContainerSpec
+        from levers9.worker.runtime.interface import ContainerSpec
         spec = ContainerSpec(container_id=f"bare-{uuid.uuid4().hex[:12]}", code_dir=self.code_dir,
                              sdk_dir=self.sdk_dir, env={}, cpu_millicores=self.cpu_millicores,
                              memory_mib=self.memory_mib)
@@ -326,7 +326,7 @@ class Bare:
 
 def sha_check_ms(tar: Path, sha: str, times: int = 3) -> list[float]:
     """What the worker's tar_is_valid (a sha256 of the whole tar, on every restore) costs here."""
-    from levers9.worker.checkpoint import tar_is_valid
+    from levers9.worker.checkpoints.archive import tar_is_valid
     out = []
     for _ in range(times):
         t0 = time.perf_counter()

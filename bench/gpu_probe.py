@@ -68,7 +68,7 @@ def step(name: str, fn: Callable[[], Any]) -> Any:
 
 
 def inventory(gpu_type: str) -> dict[str, Any]:
-    from levers9.worker.gpus import choose_inventory, read_nvml
+    from levers9.worker.gpus.cards import choose_inventory, read_nvml
 
     try:
         import pynvml  # noqa: F401
@@ -86,7 +86,7 @@ def inventory(gpu_type: str) -> dict[str, Any]:
 
 
 def smi_cards():
-    from levers9.worker.gpus import Card, Detected
+    from levers9.worker.gpus.cards import Card, Detected
 
     text = _run(["nvidia-smi", "--query-gpu=index,uuid,name,memory.total,driver_version",
                  "--format=csv,noheader,nounits"], 20)
@@ -97,14 +97,14 @@ def smi_cards():
 
 
 def mapping(inv: dict[str, Any]) -> dict[str, str]:
-    from levers9.worker.gpus import gpu_type_of
+    from levers9.worker.gpus.cards import gpu_type_of
 
     names = {c["name"] for c in inv.get("cards", [])} | {"NVIDIA H200", "NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-80GB"}
     return {name: gpu_type_of(name) for name in sorted(names)}
 
 
 def cdi_step(inv, devices: list[tuple[int, str]]) -> dict[str, Any]:
-    from levers9.worker import cdi
+    from levers9.worker.gpus import cdi
 
     ctk = cdi.nvidia_ctk()
     out: dict[str, Any] = {"nvidia_ctk": ctk or ""}
@@ -129,7 +129,7 @@ def cdi_step(inv, devices: list[tuple[int, str]]) -> dict[str, Any]:
 
 
 def cards_step(inv) -> dict[str, Any]:
-    from levers9.worker.gpus import CardLedger, CardsRefused
+    from levers9.worker.gpus.cards import CardLedger, CardsRefused
 
     ids = tuple(c.device_id for c in inv.cards)
     ledger = CardLedger(ids)
@@ -207,7 +207,7 @@ def distributed_step(inv, mib: int, iters: int) -> dict[str, Any]:
 
 
 def checkpoint_step(inv) -> dict[str, Any]:
-    from levers9.worker.gpu_checkpoint import criu_cuda_plugin, cuda_checkpoint_binary, gpu_checkpoint
+    from levers9.worker.checkpoints.gpu import criu_cuda_plugin, cuda_checkpoint_binary, gpu_checkpoint
 
     binary, plugin = cuda_checkpoint_binary(), criu_cuda_plugin(Path("/var/cache/levers9"))
     allowed, why = gpu_checkpoint(inv.driver, binary is not None, plugin is not None)

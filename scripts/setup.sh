@@ -17,7 +17,7 @@ command -v debootstrap >/dev/null || need_apt+=(debootstrap)
 command -v ip >/dev/null || need_apt+=(iproute2)
 command -v useradd >/dev/null || need_apt+=(passwd)
 command -v curl >/dev/null || need_apt+=(curl)
-# the containers' firewall (levers9.worker.firewall): nft, and the kernel's nf_tables
+# the containers' firewall (levers9.worker.network.firewall): nft, and the kernel's nf_tables
 [ -x /usr/sbin/nft ] || need_apt+=(nftables)
 # images: buildah builds them, docker-registry serves them, skopeo and umoci pull and unpack them,
 # fuse3 (and its headers, for pyfuse3) mounts them lazily on workers

@@ -81,7 +81,7 @@ class Settings:
     container_peers: str = "none"  # which containers may reach each other: none | deployment | workspace
     container_egress: str = ""  # networks containers may connect to beyond the bridge (CIDRs, comma-separated)
     # build steps and package installs reach package indexes only, through the worker's egress proxy
-    # (levers9.worker.egress): the host's pip and apt sources, and these hosts (host[:port], comma-separated)
+    # (levers9.worker.network.egress): the host's pip and apt sources, and these hosts (host[:port], comma-separated)
     egress_allow: str = ""
     egress_proxy_port: int = 0  # where that proxy listens on the bridge's host address; 0: any free port
     image_cache: str = "/var/cache/levers9"  # base root file systems, shared by workers of a machine

@@ -14,7 +14,7 @@ in that namespace only (its mounts stay the machine's: `nsenter --net`, never `i
   sends to this machine is dropped, so loopback-only services stay unreachable from the hosts. The
   worker is given the URLs with the host address, never 127.0.0.1 (`host_env`).
 - Hosts reach each other over the underlay (a node cache filling from a peer's); the gateway reaches a
-  host's containers at `host_address:port` (DNAT inside the host: levers9.worker.firewall).
+  host's containers at `host_address:port` (DNAT inside the host: levers9.worker.network.firewall).
 
 Pure parts first (plans, URLs, the nft script), then the ip(8)/nft(8) shell. Everything is undone by
 `remove_host` and `teardown` (`levers9 down`).

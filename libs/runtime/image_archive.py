@@ -1,6 +1,6 @@
 """An image's flattened root fs as one archive plus its file index (levers9.contracts.image_index):
 written by the image-builder, uploaded to S3 content-addressed, read lazily by workers (chunk by
-chunk, levers9.worker.lazyfs) or unpacked whole (the fallback and the benchmark's baseline).
+chunk, levers9.worker.images.lazyfs) or unpacked whole (the fallback and the benchmark's baseline).
 
 The archive is every distinct regular-file content once, in path order (a package's files sit
 together, so one chunk often serves a whole import); hard links and files with equal content share

@@ -3,7 +3,7 @@ placed again, so that a container id never runs on two workers at once.
 
 A worker is fenceable here when its state dir is on this machine (`<home>/workers/<id>`: a local or
 netns pool's worker, or `levers9 up`'s own): its WorkerLost then says `awaits_fence`, and this
-module runs the worker's reaper (`python -m levers9.worker.restart reap ID`, a process of its own:
+module runs the worker's reaper (`python -m levers9.worker.lifecycle.restart reap ID`, a process of its own:
 no service imports another) which kills the run if it is still alive (declared lost while it ran),
 then removes its containers (a paused one too), mounts, veths, namespaces and address claims.
 WorkerFenced follows, with the ids removed; the scheduler places the containers again only then.
@@ -57,7 +57,7 @@ class Fencer:
         prefix, settings = self.where(worker_id)
         env = {**os.environ, **settings, "LEVERS9_HOME": str(self.home), "LEVERS9_WORKER_ID": worker_id}
         proc = await asyncio.create_subprocess_exec(
-            *prefix, sys.executable, "-m", "levers9.worker.restart", "reap", worker_id, env=env,
+            *prefix, sys.executable, "-m", "levers9.worker.lifecycle.restart", "reap", worker_id, env=env,
             stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
         try:
             out, err = await asyncio.wait_for(proc.communicate(), REAP_TIMEOUT_S)

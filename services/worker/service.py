@@ -2,16 +2,16 @@
 
 - At start it prepares its runtime (runc: the base root file system, the bridge; or plain
   processes), removes what a crashed predecessor left and says those containers failed
-  (levers9.worker.restart), then registers with its capacity and features and heartbeats.
+  (levers9.worker.lifecycle.restart), then registers with its capacity and features and heartbeats.
 - It consumes ContainerScheduled / ContainerStopRequested / ContainerCheckpointRequested and acts only on its
   own containers. A placement carries everything the start needs (spec, resources, checkpoint, and its
-  GPUs' cards are chosen here: levers9.worker.gpu_node): no projection is read to start it (.placement).
+  GPUs' cards are chosen here: levers9.worker.gpus.node): no projection is read to start it (.placement).
 - For a placement: code archive from the gateway (with its worker token), secrets decrypted, the
   container started or restored (ContainerStarted), the runner's health polled until ready
   (ContainerReady with the address) or failed (ContainerFailed with the reason from the log).
 - A monitor loop notices containers that exit or run out of memory, and stops the ones idle for
-  keep_warm_seconds (scale to zero: ContainerStopped; the rule is levers9.worker.idle).
-- Checkpoints: levers9.worker.checkpointing; HTTP routes: levers9.worker.routes.
+  keep_warm_seconds (scale to zero: ContainerStopped; the rule is levers9.worker.lifecycle.idle).
+- Checkpoints: levers9.worker.checkpoints.orchestration; HTTP routes: levers9.worker.routes.
 - A build-pool worker also runs the builds given to it (ImageBuildStarted), one at a time (.builder).
 """
 
@@ -41,18 +41,21 @@ from levers9.runtime.consumer import Delivery, WorkConsumer
 from levers9.runtime.service import Service
 from levers9.runtime.tasks import spawn
 from levers9.runtime.views import CheckpointsView, ContainersView, DeploymentsView, SecretsView, WorkersView
+from levers9.worker.builds.builder import Builds
+from levers9.worker.checkpoints import orchestration as checkpointing
+from levers9.worker.gpus import node as gpu_node
+from levers9.worker.images.node_cache import NodeCache, cache_app, shared_cache_or_exit
+from levers9.worker.lifecycle import restart
+from levers9.worker.lifecycle.idle import should_stop_idle
+from levers9.worker.lifecycle.placement import Overtaken, Running, runner_env
+from levers9.worker.lifecycle.secret_source import SecretSource
+from levers9.worker.mounts import volumes
+from levers9.worker.runtime.choice import choose_runtime
+from levers9.worker.runtime.interface import ContainerSpec, Exit, Runtime, Started
+from levers9.worker.sandboxes.catalogue_check import CatalogueCheck
+from levers9.worker.sandboxes.sandboxes import Sandboxes, generation_refusal, is_function
 
-from . import checkpointing, gpu_node, restart, volumes
-from .builder import Builds
-from .catalogue_check import CatalogueCheck
-from .container import ContainerSpec, Exit, Runtime, Started
-from .idle import should_stop_idle
-from .node_cache import NodeCache, cache_app, shared_cache_or_exit
-from .placement import Overtaken, Running, runner_env
 from .routes import add_routes
-from .runtime import choose_runtime
-from .sandboxes import Sandboxes, generation_refusal, is_function
-from .secret_source import SecretSource
 
 log = logging.getLogger("levers9.worker")
 
@@ -77,7 +80,7 @@ class WorkerService(Service):
         self.containers: dict[str, Running] = {}
         self.overtaken = Overtaken()
         self.prepare_error, self.criu_note = "", "not checked"
-        self.gpus = gpu_node.NodeGpus(self.settings, self.state_dir)  # its cards (levers9.worker.gpu_node)
+        self.gpus = gpu_node.NodeGpus(self.settings, self.state_dir)  # its cards (levers9.worker.gpus.node)
         self.cache = NodeCache(Path(self.settings.image_cache) / "blobs", self.settings, self.settings.cache_max_bytes)
         self.cache_url = f"http://{self.settings.http_host}:{self.settings.cache_port}"
         self.checkpoints = checkpointing.Checkpoints(self)
@@ -101,7 +104,7 @@ class WorkerService(Service):
     async def on_start(self) -> None:
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self.state_dir.chmod(0o700)  # containers' config.json hold their secrets in clear: root only
-        # held for this run's whole life: a reaper (levers9.worker.restart) then knows it is alive
+        # held for this run's whole life: a reaper (levers9.worker.lifecycle.restart) then knows it is alive
         self.run_lock: int | None = await asyncio.to_thread(restart.take_run_lock, self.state_dir)
         self.runtime, self.runtime_note = choose_runtime(self.settings, self.state_dir)
         log.info("worker %s: %s", self.worker_id, self.runtime_note)

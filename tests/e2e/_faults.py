@@ -131,7 +131,7 @@ def mounts(home: Path) -> list[str]:
 
 def shorts(home: Path, container_ids: set[str]) -> set[str]:
     """The name suffix each of these containers' namespace and veth would carry on each worker of the
-    home (levers9.worker.network.Names: sha1 of the worker's state dir and the container id), so that
+    home (levers9.worker.network.bridge.Names: sha1 of the worker's state dir and the container id), so that
     the check counts only what this stack made (other work on the machine has its own)."""
     return {hashlib.sha1(f"{d.resolve()}\0{cid}".encode()).hexdigest()[:10]
             for d in (home / "workers").glob("*") for cid in container_ids}

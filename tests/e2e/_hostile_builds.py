@@ -144,7 +144,7 @@ def test_a_build_step_reaches_no_control_plane_port_and_no_host_address_but_the_
     print(json.dumps({"ports": ports, **result}, indent=1))
     # the one way out: the worker's egress proxy, which listens on the bridge's address only
     from levers9.runtime.config import Settings
-    from levers9.worker.network import bridge_address
+    from levers9.worker.network.bridge import bridge_address
 
     bridge = str(bridge_address(Settings.load(hostile_env).bridge_subnet).ip)
     proxies = {k.split()[-1] for k in ports if k.startswith("worker[") and k.split()[-1].startswith(f"{bridge}:")}

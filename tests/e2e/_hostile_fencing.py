@@ -29,8 +29,8 @@ from _e2e import api, cli, wait_until
 from _faults import Node
 
 from levers9.runtime.ports import free_port
-from levers9.worker.bundle import cgroups_path
-from levers9.worker.cgroups import cgroup_mounts
+from levers9.worker.runtime.runc.bundle import cgroups_path
+from levers9.worker.runtime.runc.cgroups import cgroup_mounts
 
 APP = '''
 import time

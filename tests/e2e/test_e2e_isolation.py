@@ -30,7 +30,7 @@ except ImportError:  # a bus without credentials
     bus_auth = None
 
 from levers9.runtime.config import Settings
-from levers9.worker.network import bridge_address
+from levers9.worker.network.bridge import bridge_address
 
 pytestmark = pytest.mark.slow
 needs_runc()

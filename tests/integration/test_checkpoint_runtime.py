@@ -2,7 +2,7 @@
 real dumps and restores (root + runc + CRIU).
 
 The real tests get CRIU through `ensure_criu`: the first run on a machine builds a private Debian
-root with CRIU 4.2 (about a minute, see levers9.worker.criu); they skip only when that root is
+root with CRIU 4.2 (about a minute, see levers9.worker.checkpoints.criu_install); they skip only when that root is
 missing and the Debian mirror cannot be reached. Run with `-s` to see the measured numbers.
 """
 
@@ -27,10 +27,9 @@ import httpx
 import pytest
 
 from levers9.runtime.config import Settings
-from levers9.worker import checkpoint, criu, network, rootfs
-from levers9.worker.bundle import bundle_spec
-from levers9.worker.cgroups import memory_cgroup_dir
-from levers9.worker.checkpoint import (
+from levers9.worker.checkpoints import archive as checkpoint
+from levers9.worker.checkpoints import criu_install as criu
+from levers9.worker.checkpoints.archive import (
     CheckpointError,
     RestoreError,
     UnsafeMember,
@@ -39,10 +38,14 @@ from levers9.worker.checkpoint import (
     unpack,
     write_tar,
 )
-from levers9.worker.container import ContainerSpec
-from levers9.worker.process import ProcessRuntime
-from levers9.worker.runc import RuncRuntime
-from levers9.worker.runtime import runc_missing
+from levers9.worker.network import bridge as network
+from levers9.worker.runtime.choice import runc_missing
+from levers9.worker.runtime.interface import ContainerSpec
+from levers9.worker.runtime.process import ProcessRuntime
+from levers9.worker.runtime.runc import rootfs
+from levers9.worker.runtime.runc.bundle import bundle_spec
+from levers9.worker.runtime.runc.cgroups import memory_cgroup_dir
+from levers9.worker.runtime.runc.runc_runtime import RuncRuntime
 
 # the app: in-memory state served over HTTP: a random value made at start, a counter per request,
 # and optionally a table of TABLE ints (memory worth dumping)
@@ -628,9 +631,9 @@ DYING_WORKER = r'''
 import asyncio, sys
 from pathlib import Path
 from levers9.runtime.config import Settings
-from levers9.worker.criu import CriuInfo
-from levers9.worker.container import ContainerSpec
-from levers9.worker.runc import RuncRuntime
+from levers9.worker.checkpoints.criu_install import CriuInfo
+from levers9.worker.runtime.interface import ContainerSpec
+from levers9.worker.runtime.runc.runc_runtime import RuncRuntime
 
 state_dir, criu_binary, tar, cid, code, sdk = sys.argv[1:7]
 rt = RuncRuntime(Path(state_dir), Settings(runtime="runc"))

@@ -16,7 +16,7 @@ from levers9.runtime.config import Settings
 from levers9.runtime.consumer import is_transient
 from levers9.runtime.storage import S3_UNREACHABLE, S3Unavailable
 from levers9.stack import free_port
-from levers9.worker.node_cache import NodeCache, cache_app
+from levers9.worker.images.node_cache import NodeCache, cache_app
 
 
 async def test_an_upload_to_an_unreachable_s3_raises_a_transient_error_not_a_failure(tmp_path):

@@ -14,7 +14,7 @@ from levers9.executor.wire import relay_address
 from levers9.gateway.executor_client import attempt
 from levers9.gateway.function_calls import Calls, Plan
 from levers9.gateway.router import DeploymentRouter
-from levers9.worker.executor_relay import Relay
+from levers9.worker.sandboxes.executor_relay import Relay
 
 
 class Seen:

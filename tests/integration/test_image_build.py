@@ -13,7 +13,7 @@ from the blueprint's steps as the image-builder would make it.
   the servers' ports nor any host address, and reaches the package index through the egress proxy.
 
 Steps run in namespaces on the test's bridge (BRIDGE), through an egress proxy served for the test
-(levers9.worker.egress_proxy.Egress), as on a build worker.
+(levers9.worker.network.egress_proxy.Egress), as on a build worker.
 
 The platform base is pushed to the registry once per registry, i.e. once per test session here.
 """
@@ -37,10 +37,11 @@ from levers9.contracts.images import build_steps, cached_prefix, image_id, image
 from levers9.contracts.spec import ImageSpec
 from levers9.runtime.bus import Bus
 from levers9.runtime.config import Settings
-from levers9.worker import firewall, network
-from levers9.worker.builder import BuildHost, Builds, run_build
-from levers9.worker.egress_proxy import Egress
-from levers9.worker.rootfs import base_rootfs_path
+from levers9.worker.builds.builder import BuildHost, Builds, run_build
+from levers9.worker.network import bridge as network
+from levers9.worker.network import firewall
+from levers9.worker.network.egress_proxy import Egress
+from levers9.worker.runtime.runc.rootfs import base_rootfs_path
 
 IMAGE_CACHE = Path(os.environ.get("LEVERS9_IMAGE_CACHE") or "/var/cache/levers9")
 

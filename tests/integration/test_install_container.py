@@ -18,10 +18,11 @@ import pytest
 import levers9
 from levers9.executor import packages
 from levers9.runtime.config import Settings
-from levers9.worker import firewall, network
-from levers9.worker.container import ContainerSpec
-from levers9.worker.rootfs import base_rootfs_path
-from levers9.worker.sandboxes import Sandboxes, install_spec, run_job
+from levers9.worker.network import bridge as network
+from levers9.worker.network import firewall
+from levers9.worker.runtime.interface import ContainerSpec
+from levers9.worker.runtime.runc.rootfs import base_rootfs_path
+from levers9.worker.sandboxes.sandboxes import Sandboxes, install_spec, run_job
 
 IMAGE_CACHE = Path(os.environ.get("LEVERS9_IMAGE_CACHE") or "/var/cache/levers9")
 BRIDGE, SUBNET = "l9inst0", "10.219.10.0/28"
@@ -46,7 +47,7 @@ setup(name="l9evil", version="0.1", packages=["evilmod"], options={{"egg_info": 
 
 
 async def test_packages_install_in_a_confined_container_into_the_sandboxes_cache(tmp_path):
-    from levers9.worker.runc import RuncRuntime
+    from levers9.worker.runtime.runc.runc_runtime import RuncRuntime
 
     marker = Path("/tmp") / f"levers9-install-{uuid.uuid4().hex[:8]}"
     code = tmp_path / "code"

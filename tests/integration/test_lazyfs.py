@@ -23,14 +23,15 @@ from levers9.runtime.config import Settings
 from levers9.runtime.image_archive import upload_image
 from levers9.runtime.service import _Server
 from levers9.stack import free_port
-from levers9.worker import lazyfs, rootfs
-from levers9.worker.checkpoint import RestoreError
-from levers9.worker.container import ContainerError, ContainerSpec
-from levers9.worker.images import ImageMounts
-from levers9.worker.mounts import is_mount_point
-from levers9.worker.node_cache import NodeCache, cache_app
-from levers9.worker.runc import RuncRuntime
-from levers9.worker.runtime import runc_missing
+from levers9.worker.checkpoints.archive import RestoreError
+from levers9.worker.images import lazyfs
+from levers9.worker.images.layers import ImageMounts
+from levers9.worker.images.node_cache import NodeCache, cache_app
+from levers9.worker.mounts.syscalls import is_mount_point
+from levers9.worker.runtime.choice import runc_missing
+from levers9.worker.runtime.interface import ContainerError, ContainerSpec
+from levers9.worker.runtime.runc import rootfs
+from levers9.worker.runtime.runc.runc_runtime import RuncRuntime
 
 pytestmark = [
     pytest.mark.skipif(not os.path.exists("/dev/fuse"), reason="no /dev/fuse on this machine: no FUSE mounts"),

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from levers9.runtime.config import Settings
 from levers9.runtime.storage import ensure_bucket, s3_client
-from levers9.worker.node_cache import Entry, HashMismatch, NodeCache, cache_app, evict
+from levers9.worker.images.node_cache import Entry, HashMismatch, NodeCache, cache_app, evict
 
 
 @settings(max_examples=300, deadline=None)
@@ -100,7 +100,7 @@ async def test_a_range_of_an_object_fills_a_blob_of_its_own(servers, tmp_path):
         assert r.status_code == 400
 
 
-# ---- a failed restore: whose fault (levers9.worker.checkpointing, checkpoint_policy.restore_failure_verdict)
+# ---- a failed restore: whose fault (levers9.worker.checkpoints.orchestration, checkpoint_policy.restore_failure_verdict)
 
 class _Runtime:
     """Restores whatever tar it is given (the fetch through the node cache is what is tested here)."""
@@ -109,7 +109,7 @@ class _Runtime:
         self.restored: list[Path] = []
 
     async def restore(self, cspec, path: Path):
-        from levers9.worker.container import Started
+        from levers9.worker.runtime.interface import Started
         self.restored.append(Path(path))
         return Started(address="http://127.0.0.1:9", pid=1, log_path=Path(path))
 
@@ -135,7 +135,7 @@ async def test_a_restore_through_an_unreachable_node_cache_keeps_the_checkpoint_
 
     from levers9.contracts.spec import CheckpointRef
     from levers9.stack import free_port
-    from levers9.worker.checkpointing import Checkpoints
+    from levers9.worker.checkpoints.orchestration import Checkpoints
 
     blob = os.urandom(50_000)
     sha = hashlib.sha256(blob).hexdigest()
@@ -159,7 +159,7 @@ async def test_a_tampered_archive_is_the_checkpoint_s_own_fault_and_marks_it_fai
     from types import SimpleNamespace
 
     from levers9.contracts.spec import CheckpointRef
-    from levers9.worker.checkpointing import Checkpoints
+    from levers9.worker.checkpoints.orchestration import Checkpoints
 
     blob = os.urandom(50_000)
     await put(servers, "cache-test", "tampered.tar", blob[:-1] + b"!")

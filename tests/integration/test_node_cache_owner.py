@@ -8,7 +8,7 @@ from _served import serving
 
 from levers9.runtime.config import Settings
 from levers9.stack import free_port
-from levers9.worker.node_cache import CacheTaken, NodeCache, cache_app, shared_cache_or_exit
+from levers9.worker.images.node_cache import CacheTaken, NodeCache, cache_app, shared_cache_or_exit
 
 
 async def test_a_cache_of_another_home_is_refused_and_one_of_ours_is_shared(tmp_path):

@@ -14,7 +14,7 @@ from levers9.checkpoint_store.service import CheckpointStoreService
 from levers9.runtime import sealing
 from levers9.runtime.config import Settings
 from levers9.runtime.storage import ensure_bucket, s3_client
-from levers9.worker.node_cache import HashMismatch, NodeCache, cache_app
+from levers9.worker.images.node_cache import HashMismatch, NodeCache, cache_app
 
 BUCKET = "sealing-test"
 

@@ -19,8 +19,9 @@ import threading
 
 import pytest
 
-from levers9.worker import firewall, network
-from levers9.worker.network import Ipam, Names
+from levers9.worker.network import bridge as network
+from levers9.worker.network import firewall
+from levers9.worker.network.bridge import Ipam, Names
 
 BRIDGE, SUBNET = "l9fwt0", "10.219.7.0/28"
 
@@ -226,8 +227,8 @@ def serve_proxy(proxy, host: str):
 
 
 def test_only_a_proxied_member_reaches_the_proxy_and_it_reaches_only_allowed_indexes(world, upstream, tmp_path):
-    from levers9.worker.egress import Endpoint, denied_networks
-    from levers9.worker.egress_proxy import EgressProxy
+    from levers9.worker.network.egress import Endpoint, denied_networks
+    from levers9.worker.network.egress_proxy import EgressProxy
 
     gateway = str(network.bridge_address(SUBNET).ip)
     names = {cid: Names.of(tmp_path, cid) for cid in ("e1", "w1")}

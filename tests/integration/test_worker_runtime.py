@@ -24,12 +24,12 @@ import httpx
 import pytest
 
 from levers9.runtime.config import Settings
-from levers9.worker import network
-from levers9.worker.cgroups import memory_cgroup_dir
-from levers9.worker.container import ContainerSpec, Exit, Runtime, Started, proc_state
-from levers9.worker.process import ProcessRuntime
-from levers9.worker.runc import RuncRuntime
-from levers9.worker.runtime import runc_missing
+from levers9.worker.network import bridge as network
+from levers9.worker.runtime.choice import runc_missing
+from levers9.worker.runtime.interface import ContainerSpec, Exit, Runtime, Started, proc_state
+from levers9.worker.runtime.process import ProcessRuntime
+from levers9.worker.runtime.runc.cgroups import memory_cgroup_dir
+from levers9.worker.runtime.runc.runc_runtime import RuncRuntime
 
 MiB = 1024 * 1024
 

@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 
 from levers9.contracts.images import build_steps
 from levers9.contracts.spec import ImageSpec
-from levers9.worker.buildah import Mount, pip_config_paths, pip_env, pip_mounts, registry_of, tls_flags
-from levers9.worker.builder import APT_SCRIPT, Batcher, missing_chain, step_argv
+from levers9.worker.builds.buildah import Mount, pip_config_paths, pip_env, pip_mounts, registry_of, tls_flags
+from levers9.worker.builds.builder import APT_SCRIPT, Batcher, missing_chain, step_argv
 
 HOME = Path("/root")
 

@@ -1,4 +1,4 @@
-"""CDI edits applied to a runc config.json (levers9.worker.cdi): a spec shaped like what
+"""CDI edits applied to a runc config.json (levers9.worker.gpus.cdi): a spec shaped like what
 `nvidia-ctk cdi generate --format json` writes, devices named by index and by uuid."""
 
 from __future__ import annotations
@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from levers9.worker import cdi
-from levers9.worker.bundle import bundle_spec, container_env, upper_files
-from levers9.worker.container import ContainerSpec
-from levers9.worker.gpus import GpuGrant
+from levers9.worker.gpus import cdi
+from levers9.worker.gpus.cards import GpuGrant
+from levers9.worker.runtime.interface import ContainerSpec
+from levers9.worker.runtime.runc.bundle import bundle_spec, container_env, upper_files
 
 UUID0, UUID1 = "GPU-11111111-2222-3333-4444-555555555555", "GPU-66666666-7777-8888-9999-000000000000"
 
@@ -140,7 +140,7 @@ def test_bundle_without_cdi_sets_the_env_only(tmp_path):
 
 
 def test_the_process_runtime_gives_the_cards_too(tmp_path):
-    from levers9.worker.process import process_env
+    from levers9.worker.runtime.process import process_env
 
     env = process_env(cspec(tmp_path, GpuGrant(("0", "1"))), 8000)
     assert env["NVIDIA_VISIBLE_DEVICES"] == "0,1"

@@ -18,8 +18,8 @@ from levers9.gateway.function_plans import executor_header
 from levers9.gateway.function_targets import TargetError, adhoc_spec
 from levers9.gateway.routes_functions import arguments
 from levers9.gateway.state import Deployment
-from levers9.worker.executor_relay import Relay
-from levers9.worker.sandboxes import generation_refusal
+from levers9.worker.sandboxes.executor_relay import Relay
+from levers9.worker.sandboxes.sandboxes import generation_refusal
 
 SPEC = {"name": "zscore", "app_name": "stats", "code": {"kind": "function", "module": "stats", "handler": "zscore"},
         "resources": {"cpu_millicores": 500, "memory_mib": 256}, "function": {"retries": 2, "packages": ["humanize"]}}

@@ -1,4 +1,4 @@
-"""GPU inventory, card assignment and the checkpoint decision of GPU containers (levers9.worker.gpus,
+"""GPU inventory, card assignment and the checkpoint decision of GPU containers (levers9.worker.gpus.cards,
 .gpu_checkpoint, .gpu_node), with a configured inventory and a fake NVML (this machine has no GPU)."""
 
 from __future__ import annotations
@@ -14,9 +14,10 @@ from hypothesis import strategies as st
 
 from levers9.contracts.spec import decode_spec
 from levers9.runtime.config import Settings
-from levers9.worker import gpu_node, gpus
-from levers9.worker.gpu_checkpoint import NO_DRIVER, driver_major, gpu_checkpoint
-from levers9.worker.gpus import (
+from levers9.worker.checkpoints.gpu import NO_DRIVER, driver_major, gpu_checkpoint
+from levers9.worker.gpus import cards as gpus
+from levers9.worker.gpus import node as gpu_node
+from levers9.worker.gpus.cards import (
     CONFIGURED,
     DETECTED,
     Card,

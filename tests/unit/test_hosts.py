@@ -1,5 +1,5 @@
 """Workers as hosts, the pure parts: host plans (levers9.runtime.hosts), the underlay's rules, the
-URLs a host's worker gets, the published container ports (levers9.worker.hosts) and their DNAT in
+URLs a host's worker gets, the published container ports (levers9.worker.network.hosts) and their DNAT in
 the container firewall, and what the netns pool backend starts (with the host-making stubbed out)."""
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ from hypothesis import strategies as st
 
 from levers9.runtime import hosts
 from levers9.runtime.config import Settings
-from levers9.worker import firewall
-from levers9.worker.checkpointing import peer_of
-from levers9.worker.hosts import container_address, published_port
-from levers9.worker.network import Ipam
+from levers9.worker.checkpoints.orchestration import peer_of
+from levers9.worker.network import firewall
+from levers9.worker.network.bridge import Ipam
+from levers9.worker.network.hosts import container_address, published_port
 
 SUBNET, SUPERNET = "10.210.0.0/24", "10.209.0.0/16"
 LOCAL_BRIDGE = ipaddress.IPv4Network("10.209.0.0/24")  # the plain local worker's bridge_subnet

@@ -33,8 +33,8 @@ from levers9.contracts.volumes import (
 from levers9.gateway import volume_files
 from levers9.runtime.config import Settings
 from levers9.runtime.juicefs import bucket_url, meta_url
-from levers9.worker.bundle import bundle_spec
-from levers9.worker.container import ContainerSpec
+from levers9.worker.runtime.interface import ContainerSpec
+from levers9.worker.runtime.runc.bundle import bundle_spec
 
 CODE = {"module": "m", "handler": "h"}
 
@@ -239,7 +239,7 @@ def test_the_juicefs_daemon_gets_no_settings_of_its_parent(monkeypatch):
 
 async def test_a_bucket_endpoint_on_this_host_or_its_containers_is_refused():
     from levers9.runtime.config import Settings
-    from levers9.worker.volumes import endpoint_refusal
+    from levers9.worker.mounts.volumes import endpoint_refusal
 
     s = Settings(bridge_subnet="10.209.0.0/24")
     assert await endpoint_refusal("", s) == ""  # the platform's own S3

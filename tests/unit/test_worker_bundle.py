@@ -9,9 +9,9 @@ from pathlib import Path
 from hypothesis import given
 from hypothesis import strategies as st
 
-from levers9.worker.bundle import EXIT_FILE, LOG_FILE, bundle_spec, init_script, upper_files
-from levers9.worker.cgroups import memory_cgroup_dir, oom_kills
-from levers9.worker.container import ContainerSpec, Exit, exit_of
+from levers9.worker.runtime.interface import ContainerSpec, Exit, exit_of
+from levers9.worker.runtime.runc.bundle import EXIT_FILE, LOG_FILE, bundle_spec, init_script, upper_files
+from levers9.worker.runtime.runc.cgroups import memory_cgroup_dir, oom_kills
 
 MiB = 1024 * 1024
 
@@ -127,7 +127,7 @@ def test_oom_kills_reads_v1_and_v2(tmp_path):
 
 
 def test_a_log_the_container_made_a_symlink_is_not_a_plain_file(tmp_path):
-    from levers9.worker.bundle import LOG_FILE, plain_file
+    from levers9.worker.runtime.runc.bundle import LOG_FILE, plain_file
 
     upper = tmp_path / "upper"
     log = upper / LOG_FILE.lstrip("/")
@@ -154,7 +154,7 @@ def test_open_plain_reads_the_log_and_never_a_link_the_container_planted(tmp_pat
 
     import pytest
 
-    from levers9.worker.bundle import LOG_FILE, open_plain
+    from levers9.worker.runtime.runc.bundle import LOG_FILE, open_plain
 
     upper = tmp_path / "upper"
     log = upper / LOG_FILE.lstrip("/")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from levers9.contracts.catalogue import Catalogue, SandboxSettings, SharedCheckpoint
-from levers9.worker.catalogue_check import check, cpu_features
+from levers9.worker.sandboxes.catalogue_check import check, cpu_features
 
 MINE = SandboxSettings(network_mode="bridge", overlay=True, lazy_image=True, cpu_features=["avx", "avx2"],
                        python="3.11")

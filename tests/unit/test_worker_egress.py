@@ -11,13 +11,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from levers9.contracts.spec import ImageRef
-from levers9.worker import egress
-from levers9.worker.buildah import Mount, run_argv
-from levers9.worker.bundle import JobSpec, bundle_spec, egress_proxy_of
-from levers9.worker.container import ContainerSpec
-from levers9.worker.egress import Endpoint, Refused
-from levers9.worker.firewall import EGRESS_MARK, FirewallError, Member, ruleset
-from levers9.worker.sandboxes import cache_name, image_key, install_spec
+from levers9.worker.builds.buildah import Mount, run_argv
+from levers9.worker.network import egress
+from levers9.worker.network.egress import Endpoint, Refused
+from levers9.worker.network.firewall import EGRESS_MARK, FirewallError, Member, ruleset
+from levers9.worker.runtime.interface import ContainerSpec
+from levers9.worker.runtime.runc.bundle import JobSpec, bundle_spec, egress_proxy_of
+from levers9.worker.sandboxes.sandboxes import cache_name, image_key, install_spec
 
 DEFAULT = ["https://index.example/", "https://files.example/"]
 

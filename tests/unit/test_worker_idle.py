@@ -7,7 +7,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from levers9.worker.idle import idle_since, should_stop_idle
+from levers9.worker.lifecycle.idle import idle_since, should_stop_idle
 
 times = st.floats(0, 1e9, allow_nan=False)
 keep = st.integers(0, 86_400)

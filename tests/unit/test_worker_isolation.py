@@ -1,5 +1,5 @@
-"""Container isolation, the pure parts: the firewall's rules (levers9.worker.firewall), the seccomp
-profile (levers9.worker.seccomp) and the hardening of the OCI spec (levers9.worker.bundle)."""
+"""Container isolation, the pure parts: the firewall's rules (levers9.worker.network.firewall), the seccomp
+profile (levers9.worker.runtime.runc.seccomp) and the hardening of the OCI spec (levers9.worker.runtime.runc.bundle)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from levers9.worker import firewall, seccomp
-from levers9.worker.bundle import (
+from levers9.worker.network import firewall
+from levers9.worker.network.bridge import Ipam
+from levers9.worker.network.firewall import FirewallError, Member, peer_group, ruleset
+from levers9.worker.runtime.interface import ContainerSpec
+from levers9.worker.runtime.runc import seccomp
+from levers9.worker.runtime.runc.bundle import (
     CAPABILITIES,
     HARDENING,
     MASKED_PATHS,
@@ -22,9 +26,6 @@ from levers9.worker.bundle import (
     bundle_spec,
     spec_record,
 )
-from levers9.worker.container import ContainerSpec
-from levers9.worker.firewall import FirewallError, Member, peer_group, ruleset
-from levers9.worker.network import Ipam
 
 # ---- firewall: which container may reach which ---------------------------------------------------
 

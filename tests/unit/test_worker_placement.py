@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from levers9.contracts.spec import Code, DeploymentSpec, Scaling
-from levers9.worker.placement import Overtaken, Running, runner_env
+from levers9.worker.lifecycle.placement import Overtaken, Running, runner_env
 
 
 def spec(**kw) -> DeploymentSpec:

@@ -21,9 +21,9 @@ from levers9.contracts.spec import CheckpointRef, Code, DeploymentSpec, Resource
 from levers9.runtime import sealing
 from levers9.runtime.config import Settings
 from levers9.runtime.consumer import Delivery
-from levers9.worker import checkpointing
 from levers9.worker import service as worker_service
-from levers9.worker.container import ContainerSpec, Exit, Runtime, Started
+from levers9.worker.checkpoints import orchestration as checkpointing
+from levers9.worker.runtime.interface import ContainerSpec, Exit, Runtime, Started
 from levers9.worker.service import NOTHING_TO_RUN, WorkerService
 
 SPEC = DeploymentSpec(name="hello", code=Code(module="app", handler="handler", sha256="ab" * 32, key="code/x"),
@@ -314,7 +314,7 @@ ENABLED = msgspec.structs.replace(SPEC, checkpoint_enabled=True)
 
 
 def ready_container(worker: WorkerService, spec: DeploymentSpec = SPEC, restored_from: str = ""):
-    from levers9.worker.placement import Running
+    from levers9.worker.lifecycle.placement import Running
     c = Running("c1", "acme", "hello-1", "corr-1", 0.0, spec=spec, deployment_version=1, memory_mib=128,
                 restored_from=restored_from)
     c.ready_at = 1.0
@@ -348,7 +348,7 @@ async def test_a_first_cold_start_is_claimed_and_dumped(worker, monkeypatch):
 async def test_the_policy_says_no(worker, caplog, why, spec, restored, has_one, ready):
     worker.bus, worker.pool = Appending(), FakePool(has_checkpoint=has_one)
     worker.runtime.checkpoint_ready = ready
-    with caplog.at_level("INFO", logger="levers9.worker.checkpoint"):
+    with caplog.at_level("INFO", logger="levers9.worker.checkpoints.orchestration"):
         await worker.checkpoints.checkpoint(ready_container(worker, spec, restored))
     assert worker.bus.appended == [] and worker.bus.published == []  # no claim, no event: nobody asked
     assert f"no checkpoint of c1: {why}" in caplog.messages

@@ -1,11 +1,11 @@
-"""levers9.worker.restart.gone: which containers a worker's new run reports as failed at start."""
+"""levers9.worker.lifecycle.restart.gone: which containers a worker's new run reports as failed at start."""
 
 from __future__ import annotations
 
 from hypothesis import given
 from hypothesis import strategies as st
 
-from levers9.worker.restart import BEGUN, gone
+from levers9.worker.lifecycle.restart import BEGUN, gone
 
 STATUSES = ("requested", "pending", "scheduled", "starting", "ready", "stopping", "stopped", "failed")
 
@@ -49,7 +49,7 @@ def test_never_what_runs_never_what_ended_and_never_a_placement_still_to_come(sp
 HOLD = """
 import sys, time
 from pathlib import Path
-from levers9.worker.restart import take_run_lock
+from levers9.worker.lifecycle.restart import take_run_lock
 take_run_lock(Path(sys.argv[1]))
 print("held", flush=True)
 time.sleep(600)
@@ -68,7 +68,7 @@ def _holder(state_dir):
 def test_the_run_lock_is_held_while_its_run_lives_and_free_once_it_died(tmp_path):
     import os
 
-    from levers9.worker.restart import lock_holder, try_run_lock
+    from levers9.worker.lifecycle.restart import lock_holder, try_run_lock
 
     proc = _holder(tmp_path)
     try:
@@ -83,7 +83,7 @@ def test_the_run_lock_is_held_while_its_run_lives_and_free_once_it_died(tmp_path
 
 async def test_the_reaper_kills_a_run_declared_lost_while_alive_then_removes_what_it_left(tmp_path):
     from levers9.runtime.config import Settings
-    from levers9.worker.restart import reap, try_run_lock
+    from levers9.worker.lifecycle.restart import reap, try_run_lock
 
     state_dir = tmp_path / "workers" / "w-lost"
     (state_dir / "containers" / "c-left").mkdir(parents=True)
@@ -106,7 +106,7 @@ def test_kill_tree_does_not_wait_on_a_zombie_it_cannot_reap():
     import subprocess
     import time
 
-    from levers9.worker.restart import kill_tree
+    from levers9.worker.lifecycle.restart import kill_tree
 
     # a parent that never reaps: its child, killed, stays a zombie (as the lost run does for the reaper)
     parent = subprocess.Popen(["python3", "-c", "import subprocess, time; p = subprocess.Popen(['sleep', '60']); "

@@ -9,8 +9,8 @@ import pytest
 from levers9.runtime import sealing
 from levers9.runtime.config import Settings
 from levers9.runtime.secrets import encrypt
-from levers9.worker.placement import Running
-from levers9.worker.secret_source import SecretSource, SecretsUnavailable, holds_keyring
+from levers9.worker.lifecycle.placement import Running
+from levers9.worker.lifecycle.secret_source import SecretSource, SecretsUnavailable, holds_keyring
 
 RING = sealing.dump_keyring(sealing.rotated(None))
 

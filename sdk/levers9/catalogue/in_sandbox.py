@@ -49,7 +49,7 @@ def measure_in_sandbox(candidates: list[tuple[str, list[str]]], repeats: int) ->
 
 
 # CPU flags that code compiled at import may rely on: a checkpoint captured where they exist cannot
-# be restored where they do not (levers9.worker.catalogue_check compares them the same way)
+# be restored where they do not (levers9.worker.sandboxes.catalogue_check compares them the same way)
 CPU_FEATURES = frozenset({"sse4_2", "avx", "avx2", "fma", "avx512f", "avx512bw", "avx512vl", "f16c", "bmi2"})
 
 

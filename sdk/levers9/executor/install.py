@@ -1,5 +1,5 @@
 """`python3 -m levers9.executor.install -- REQUIREMENT...`: a function's `packages=`, installed by its
-worker in a one-off install container before the sandbox starts (levers9.worker.sandboxes).
+worker in a one-off install container before the sandbox starts (levers9.worker.sandboxes.sandboxes).
 
 That container is tenant code (a setup.py runs in it) with a sandbox's confinement: the sandbox's
 image, runc, no capabilities beyond the sandbox's, the seccomp profile, a network namespace whose

@@ -1,7 +1,7 @@
 """What `levers9 down` does after stopping the services: every worker of the home that left something
 on this machine (a worker SIGKILLed mid-dump: a paused runc container, its overlay and FUSE mounts,
 its veth and network namespace, its address claim) is reaped by the worker's own reaper
-(`python -m levers9.worker.restart reap ID`, levers9.worker.restart), so nothing of the stack outlives
+(`python -m levers9.worker.lifecycle.restart reap ID`, levers9.worker.lifecycle.restart), so nothing of the stack outlives
 `down`. A worker whose state dir holds no container, runc state or bucket mount costs nothing."""
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ def reap_home(home: Path, progress: Callable[[str], None] = lambda _: None) -> d
 
 def reap_worker(home: Path, worker_id: str) -> list[str]:
     env = {**os.environ, "LEVERS9_HOME": str(home), "LEVERS9_WORKER_ID": worker_id}
-    r = subprocess.run([sys.executable, "-m", "levers9.worker.restart", "reap", worker_id], env=env,
+    r = subprocess.run([sys.executable, "-m", "levers9.worker.lifecycle.restart", "reap", worker_id], env=env,
                        capture_output=True, text=True, timeout=REAP_TIMEOUT_S, stdin=subprocess.DEVNULL)
     if r.returncode != 0:
         tail = " | ".join(r.stderr.strip().splitlines()[-3:])
