@@ -45,7 +45,7 @@ POWER_OWNERS: dict[str, frozenset[str]] = {
     "WorkerLost": frozenset({"pool-controller"}),
     "WorkerDrained": frozenset({"pool-controller"}),
     # a lost worker's containers are placed again on it: its reaper (the pool controller's) or its
-    # own next run says nothing of the dead run is left (events_fencing.py)
+    # own next run says nothing of the dead run is left (events/worker.py)
     "WorkerFenced": frozenset({"pool-controller", WORKER}),
     "WorkerRegistered": frozenset({WORKER}),
     "WorkerReady": frozenset({WORKER}),
@@ -55,7 +55,7 @@ POWER_OWNERS: dict[str, frozenset[str]] = {
     "WorkerSlotReleased": frozenset({"scheduler"}),
     "ContainerScheduled": frozenset({"scheduler"}),
     "PlacementDeferred": frozenset({"scheduler"}),
-    # attached clusters (events_clusters.py): who may run work on a workspace's cluster
+    # attached clusters (events/cluster.py): who may run work on a workspace's cluster
     "ClusterAttached": frozenset({"gateway"}),
     "ClusterShared": frozenset({"gateway"}),
     "ClusterDetached": frozenset({"gateway"}),

@@ -2,7 +2,7 @@
 on them (WorkerProvisioned with a cluster): who owns each cluster, whom it is shared with, which
 workers run there. The gateway lists and authorizes from it; the scheduler recovers from it which
 workspaces may use which worker (scheduler.recovery). Rows are keyed by the cluster's reference
-`WORKSPACE/NAME` (events_clusters.cluster_ref): names are each workspace's own."""
+`WORKSPACE/NAME` (events.cluster.cluster_ref): names are each workspace's own."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import asyncpg
 
 from levers9.contracts import SYSTEM_WORKSPACE, Message, subjects
 from levers9.contracts import events as E
-from levers9.contracts.events_clusters import ClusterAttached, ClusterDetached, ClusterShared, cluster_ref
+from levers9.contracts.events.cluster import ClusterAttached, ClusterDetached, ClusterShared, cluster_ref
 
 from .projection import Projection
 from .views import occurred

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncpg
 
 from levers9.contracts import Message, subjects
-from levers9.contracts.events_volumes import VolumeCreated, VolumeDeleted
+from levers9.contracts.events.volume import VolumeCreated, VolumeDeleted
 
 from .projection import Projection
 from .views import occurred

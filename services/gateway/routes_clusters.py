@@ -30,7 +30,7 @@ from fastapi.responses import Response
 from pydantic import BaseModel
 
 from levers9.contracts import events as E
-from levers9.contracts.events_clusters import ClusterAttached, ClusterDetached, ClusterShared, cluster_ref
+from levers9.contracts.events.cluster import ClusterAttached, ClusterDetached, ClusterShared, cluster_ref
 from levers9.contracts.ids import InvalidName, check_workspace
 from levers9.runtime.tokens import mint
 

@@ -19,7 +19,7 @@ from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import FileResponse
 from pydantic import BaseModel
 
-from levers9.contracts.events_volumes import VolumeCreated, VolumeDeleted
+from levers9.contracts.events.volume import VolumeCreated, VolumeDeleted
 from levers9.contracts.volumes import InvalidPath, VolumeName, volume_dir
 from levers9.runtime import juicefs
 

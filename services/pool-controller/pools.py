@@ -61,7 +61,7 @@ class Delta:
 
 
 ALIVE = {"provisioning", "registered", "ready"}
-CLUSTER_REF = re.compile(r"[a-z0-9][-a-z0-9]{0,62}/[a-z0-9]([-a-z0-9]{0,38}[a-z0-9])?")  # events_clusters.cluster_ref
+CLUSTER_REF = re.compile(r"[a-z0-9][-a-z0-9]{0,62}/[a-z0-9]([-a-z0-9]{0,38}[a-z0-9])?")  # events.cluster.cluster_ref
 # one warm builder, one at most: builds queue on it (one at a time) rather than each taking a machine;
 # no checkpoints there (a build is not restored)
 DEFAULT_BUILD_POOL = PoolConfig(BUILD_POOL, min_warm=1, max_workers=1, criu=False)

@@ -25,7 +25,7 @@ import msgspec
 
 from levers9.contracts import Message
 from levers9.contracts import events as E
-from levers9.contracts.events_clusters import ClusterAttached, ClusterDetached, ClusterShared, cluster_ref
+from levers9.contracts.events.cluster import ClusterAttached, ClusterDetached, ClusterShared, cluster_ref
 from levers9.runtime.views import CONTAINER_STATUS, WORKER_STATUS, foreign_report
 
 from .placement import Access, WorkerState

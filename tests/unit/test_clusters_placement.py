@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from scheduler_helpers import msg, requested
 
 from levers9.contracts import events as E
-from levers9.contracts.events_clusters import ClusterAttached, ClusterDetached, ClusterShared
+from levers9.contracts.events.cluster import ClusterAttached, ClusterDetached, ClusterShared
 from levers9.scheduler.placement import WorkerState, admitted, not_admitted
 from levers9.scheduler.plan import Defer, Place, plan
 from levers9.scheduler.state import Container, State, access_of, fold, fold_cluster, fold_worker

@@ -14,7 +14,7 @@ is decided by them, so only the gateway (or the admin) signs them.
 
 from __future__ import annotations
 
-from .events import Event
+from .base import Event
 
 
 def cluster_ref(workspace: str, name: str) -> str:

@@ -6,7 +6,7 @@ The files themselves are not events: they live in JuiceFS (metadata in Postgres,
 
 from __future__ import annotations
 
-from .events import Event
+from .base import Event
 
 
 class VolumeCreated(Event, frozen=True, kw_only=True):
