@@ -181,9 +181,7 @@ class WorkerService(Service):
             await self.builds.stop()
         for c in list(self.containers.values()):
             await self.stop_container(c, "worker stopping")
-        images = getattr(self.runtime, "images", None)  # the runc runtime's image mounts
-        if images is not None:  # no lazyfs server outlives its worker (mounts held by none)
-            await images.close()
+        await self.runtime.close()  # what outlives containers: the runc runtime's image mounts
         try:
             kv = await self.bus.heartbeats()
             await kv.delete(self.worker_id)
@@ -455,7 +453,7 @@ class WorkerService(Service):
     # ---- HTTP ----------------------------------------------------------------------------------
 
     def routes(self, app: FastAPI) -> None:
-        add_routes(app, self)
+        add_routes(app, self.containers, lambda cid: self.runtime.open_log(cid), self.worker_id)
 
     async def health_detail(self) -> dict:
         runtime = getattr(self, "runtime", None)

@@ -13,7 +13,7 @@ import contextlib
 import logging
 import shutil
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import asyncpg
 import httpx
@@ -29,20 +29,19 @@ from levers9.contracts.checkpoint_policy import (
     restore_failure_verdict,
 )
 from levers9.contracts.spec import CheckpointRef
-from levers9.runtime.bus import ConcurrencyConflict
+from levers9.runtime.bus import Bus, ConcurrencyConflict
 from levers9.runtime.config import Settings
 from levers9.runtime.tasks import spawn
+from levers9.worker.gpus.node import NodeGpus
 from levers9.worker.images.node_cache import FAULT_HEADER, NodeCache
 from levers9.worker.lifecycle.placement import Running
 from levers9.worker.lifecycle.secret_source import KeyUnavailable, checkpoint_key, holds_keyring
 from levers9.worker.runtime.interface import ContainerSpec, Runtime, Started
-from levers9.worker.sandboxes.sandboxes import is_function
+from levers9.worker.sandboxes.sandboxes import Sandboxes, is_function
 
 from .archive import CheckpointArtifact, RestoreError
+from .criu_install import CriuUnavailable
 from .gpu import cuda_suspended
-
-if TYPE_CHECKING:
-    from levers9.worker.service import WorkerService
 
 log = logging.getLogger("levers9.worker.checkpoints.orchestration")
 
@@ -56,14 +55,12 @@ async def enable_criu(runtime: Runtime, settings: Settings) -> str:
     /healthz and the registration (the feature `criu` is advertised only when it works)."""
     if settings.worker_criu == "off":
         return "off: this worker's pool has criu = false"
-    if runtime.name != "runc":
+    if not runtime.capabilities.checkpoints:
         return f"off: the {runtime.name} runtime cannot checkpoint"
-    from .criu_install import CriuUnavailable, ensure_criu
     try:
-        info = await ensure_criu(Path(settings.image_cache), lambda msg: log.info("criu: %s", msg))
+        info = await runtime.enable_checkpoints(lambda msg: log.info("criu: %s", msg))
     except CriuUnavailable as exc:
         return f"off: {exc}"
-    runtime.use_criu(info)  # type: ignore[attr-defined]  # the runc runtime's
     return f"on: CRIU {info.version} ({info.binary})"
 
 
@@ -153,19 +150,45 @@ def _detail(r: httpx.Response) -> str:
         return r.text
 
 
+class Worker(Protocol):
+    """What the orchestration uses of its worker, read at each use: the runtime is chosen when the
+    worker starts, the bus and the pool exist once it is connected."""
+
+    @property
+    def worker_id(self) -> str: ...
+    @property
+    def settings(self) -> Settings: ...
+    @property
+    def runtime(self) -> Runtime: ...
+    @property
+    def bus(self) -> Bus: ...
+    @property
+    def pool(self) -> asyncpg.Pool: ...
+    @property
+    def cache(self) -> NodeCache: ...
+    @property
+    def cache_url(self) -> str: ...
+    @property
+    def gpus(self) -> NodeGpus: ...
+    @property
+    def sandboxes(self) -> Sandboxes: ...
+
+    async def emit(self, c: Running, event: E.Event) -> None: ...
+
+
 class Checkpoints:
     """Dumps and restores of one worker: at most one dump per deployment at a time on this worker,
     one per deployment version across workers (the claim), every outcome an event."""
 
-    def __init__(self, worker: WorkerService) -> None:
+    def __init__(self, worker: Worker) -> None:
         self.worker = worker
         self.dumping: set[str] = set()  # deployment ids with a dump in progress here
 
     async def warm(self, ref: CheckpointRef) -> None:
         """Fetch a checkpoint into the node cache and unpack it before any restore asks for it: the
         first restore of a shared checkpoint then costs what the later ones do."""
-        warm = getattr(self.worker.runtime, "warm", None)
-        if warm is None or not ref.sha256:
+        runtime = self.worker.runtime
+        if not runtime.capabilities.warm_checkpoints or not ref.sha256:
             return
         try:
             async with httpx.AsyncClient(timeout=600) as client:
@@ -173,7 +196,7 @@ class Checkpoints:
                                      params={"bucket": ref.bucket, "key": ref.key, "fill": "true", "sealed": "true"})
             if r.status_code != 200:
                 raise RestoreError(_detail(r))
-            await warm(Path(r.json()["path"]))
+            await runtime.warm(Path(r.json()["path"]))
             log.info("checkpoint %s fetched and unpacked ahead of its restores", ref.checkpoint_id)
         except Exception as exc:  # noqa: BLE001 - only a head start: the restore fetches it anyway
             log.warning("could not warm checkpoint %s: %s", ref.checkpoint_id, exc)

@@ -1,9 +1,10 @@
 """What every container runtime of the worker shares: the interface and the plain values it speaks.
 
 `ContainerSpec` (what to run), `Started` (where it answers), `Exit` (how it ended, with a sentence),
+`Capabilities` (what a runtime can do, in one value: callers read it instead of probing the object),
 and `Runtime`, the interface the worker drives. The implementations live in their own modules
-(levers9.worker.runtime.process, levers9.worker.runtime.runc.runc_runtime); levers9.worker.runtime.choice picks one. Nothing here
-imports an implementation, so no module cycle runs through this one.
+(levers9.worker.runtime.process, levers9.worker.runtime.runc.runc_runtime); levers9.worker.runtime.choice
+picks one. Nothing here imports an implementation, so no module cycle runs through this one.
 """
 
 from __future__ import annotations
@@ -14,15 +15,14 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, BinaryIO
+from typing import BinaryIO
 
 from levers9.contracts.spec import ImageRef
 from levers9.contracts.volumes import Bind
 from levers9.runtime.config import Settings
-
-if TYPE_CHECKING:
-    from levers9.worker.checkpoints.archive import CheckpointArtifact
-    from levers9.worker.gpus.cards import GpuGrant
+from levers9.worker.checkpoints.archive import CheckpointArtifact
+from levers9.worker.checkpoints.criu_install import CriuInfo
+from levers9.worker.gpus.cards import GpuGrant
 
 DEFAULT_COMMAND = ("python3", "-m", "levers9.runner")
 CONTAINER_ID = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
@@ -100,9 +100,22 @@ def exit_of(code: int | None, *, oom: bool = False, memory_mib: int | None = Non
     return Exit(code, f"exited with status {code}")
 
 
+@dataclass(frozen=True)
+class Capabilities:
+    """What a runtime can do (beta9's Runtime.Capabilities()): fixed for its kind, read by the worker
+    instead of asking the runtime object what it has. Whether checkpoints work *now* (CRIU found and
+    armed) is state, not a capability: `Runtime.checkpoint_ready`."""
+    isolation: bool = False  # own root, network namespace, seccomp, no privileges: tenant code is confined
+    memory_limit: bool = False  # a container that outgrows `memory_mib` is killed (Exit.oom)
+    checkpoints: bool = False  # checkpoint() and restore() once CRIU is armed (enable_checkpoints)
+    warm_checkpoints: bool = False  # warm(): a checkpoint unpacked ahead of its first restore
+    confined_jobs: bool = False  # one-off job containers (a function's package install) confined alike
+
+
 class Runtime(ABC):
     name: str
-    features: list[str]
+    features: list[str]  # what the worker's registration advertises (the scheduler matches on them)
+    capabilities: Capabilities = Capabilities()
 
     def __init__(self, state_dir: Path, settings: Settings):
         self.state_dir = Path(state_dir).resolve()
@@ -158,14 +171,16 @@ class Runtime(ABC):
     def running(self) -> list[str]:
         """Ids started by this runtime object and not stopped yet."""
 
-    # -- limits: optional (a runtime that enforces none says so) --
+    async def close(self) -> None:
+        """Let go of what outlives containers (the runc runtime's image mounts) when the worker stops."""
+        return None
 
     @property
     def enforces_memory_limit(self) -> bool:
         """Whether a container that outgrows `memory_mib` is killed (Exit.oom)."""
-        return False
+        return self.capabilities.memory_limit
 
-    # -- checkpoint/restore: optional (the runc runtime with CRIU has them) --
+    # -- checkpoint/restore: only where `capabilities.checkpoints` (the runc runtime with CRIU) --
 
     @property
     def checkpoint_ready(self) -> bool:
@@ -183,6 +198,14 @@ class Runtime(ABC):
     async def restore(self, spec: ContainerSpec, tar: Path) -> Started:
         """Start `spec.container_id` from a checkpoint tar instead of booting (RestoreError)."""
         raise NotImplementedError(f"the {self.name} runtime cannot restore a checkpoint")
+
+    async def enable_checkpoints(self, progress: Progress = lambda s: None) -> CriuInfo:
+        """Find or make CRIU and arm checkpoint() and restore() with it (CriuUnavailable says why not)."""
+        raise NotImplementedError(f"the {self.name} runtime cannot checkpoint")
+
+    async def warm(self, tar: Path) -> None:
+        """Unpack a checkpoint ahead of its first restore (only where `capabilities.warm_checkpoints`)."""
+        raise NotImplementedError(f"the {self.name} runtime keeps no unpacked checkpoints")
 
 
 # ---- /proc (tells a reused pid apart) ------------------------------------------------------------

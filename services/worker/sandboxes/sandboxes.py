@@ -36,7 +36,7 @@ from levers9.worker.network.egress import proxy_env
 from levers9.worker.network.egress_proxy import Egress
 from levers9.worker.runtime.interface import ContainerSpec, Exit, Runtime
 from levers9.worker.runtime.runc.bundle import LOG_FILE, JobSpec
-from levers9.worker.runtime.runc.lifecycle import RuncLifecycle
+from levers9.worker.runtime.runc.runc_runtime import RuncRuntime
 
 from .executor_relay import Relay, executor_hello, vendor_dir
 
@@ -113,8 +113,9 @@ class Sandboxes:
         way out, into the cache the sandbox binds; the sandbox then finds it and installs nothing.
         The process runtime confines nothing: its sandboxes install for themselves."""
         requirements = list(spec.function.packages) if spec.function else []
-        if not requirements or cspec.packages_dir is None or not isinstance(runtime, RuncLifecycle):
+        if not requirements or cspec.packages_dir is None or not runtime.capabilities.confined_jobs:
             return
+        assert isinstance(runtime, RuncRuntime)  # the one runtime with confined job containers
         python = tuple(int(x) for x in self.settings.sandbox_python.split(".")[:2])
         done = cspec.packages_dir / packages.packages_key(requirements, python) / packages.MARKER  # type: ignore[arg-type]
         if cspec.image is None and os.path.lexists(done):  # the base's Python: the key is known here
@@ -175,7 +176,7 @@ def install_spec(cspec: ContainerSpec, requirements: list[str], proxy: str,
                    binds=tuple(Bind(m.source, m.target, read_only=True) for m in mounts), egress_proxy=proxy)
 
 
-async def run_job(runtime: RuncLifecycle, job: JobSpec, timeout: float) -> tuple[Exit, str]:
+async def run_job(runtime: RuncRuntime, job: JobSpec, timeout: float) -> tuple[Exit, str]:
     """Start the job's container, wait for its end (killed after `timeout`), remove it; its Exit
     and the last lines it printed."""
     await runtime.start(job)

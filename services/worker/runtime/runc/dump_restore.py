@@ -1,5 +1,6 @@
-"""Checkpoint and restore of runc containers with CRIU (the second half of RuncRuntime,
-levers9.worker.runtime.runc.runc_runtime, over its lifecycle in levers9.worker.runtime.runc.lifecycle).
+"""Checkpoint and restore of runc containers with CRIU: one of the two parts RuncRuntime
+(levers9.worker.runtime.runc.runc_runtime) is composed of, working over the containers of the other,
+the lifecycle (levers9.worker.runtime.runc.lifecycle), which it is given.
 
 checkpoint() pauses the container, dumps it leave-running with `runc checkpoint`, copies its upper
 layer, thaws it, and writes one tar (levers9.worker.checkpoints.archive); restore() unpacks such a tar once
@@ -20,7 +21,6 @@ from pathlib import Path
 from typing import Any
 
 from levers9.executor import wire
-from levers9.runtime.config import Settings
 from levers9.worker.checkpoints import archive as ckpt
 from levers9.worker.checkpoints.criu_install import CriuInfo, ensure_criu
 from levers9.worker.network import bridge as network
@@ -35,11 +35,12 @@ KEEP_UNPACKED = 3  # checkpoints kept unpacked per worker for fast restores
 CRIU_LOG_LIMIT = 256 << 20  # a CRIU log past this means CRIU loops (see RuncCli.watched)
 
 
-class RuncCheckpoints(RuncLifecycle):
-    """The lifecycle plus CRIU: checkpoint() and restore() once use_criu() armed them."""
+class RuncCheckpoints:
+    """checkpoint() and restore() of the lifecycle's containers, once use_criu() armed them."""
 
-    def __init__(self, state_dir: Path, settings: Settings, runc: str | None = None):
-        super().__init__(state_dir, settings, runc)
+    def __init__(self, lifecycle: RuncLifecycle):
+        self.lc = lifecycle
+        self.state_dir, self.settings = lifecycle.state_dir, lifecycle.settings
         self._criu: CriuInfo | None = None  # set by use_criu(): checkpoints on
         self.dump_timeout = 300.0  # seconds runc checkpoint may take (the container is paused)
         self.restore_timeout = 60.0  # seconds runc restore may take before it counts as failed
@@ -80,11 +81,11 @@ class RuncCheckpoints(RuncLifecycle):
         if criu is None:
             raise ckpt.CheckpointError("checkpoints are off here: no working CRIU (use_criu was not called)")
         cid = container_id
-        async with self._locks.setdefault(cid, asyncio.Lock()):
-            rec = self._record(cid)
-            if rec is None or cid in self._ended or not await self._is_running(rec):
+        async with self.lc._locks.setdefault(cid, asyncio.Lock()):
+            rec = self.lc._record(cid)
+            if rec is None or cid in self.lc._ended or not await self.lc._is_running(rec):
                 raise ckpt.CheckpointError(f"container {cid} is not running")
-            cdir = self.container_dir(cid)
+            cdir = self.lc.container_dir(cid)
             try:
                 spec = json.loads((cdir / SPEC_FILE).read_text())
                 hostname = json.loads((cdir / "config.json").read_text()).get("hostname", cid)
@@ -94,7 +95,7 @@ class RuncCheckpoints(RuncLifecycle):
             began = time.monotonic()
             try:
                 dump_s, paused_s = await self._dump_paused(cid, cdir, scratch, criu)
-                image = self.image_of(cid)
+                image = self.lc.image_of(cid)
                 manifest = ckpt.make_manifest(
                     container_id=cid, hostname=hostname, ip=rec.ip, env=spec["env"],
                     cpu_millicores=spec["cpu_millicores"], memory_mib=spec["memory_mib"],
@@ -115,13 +116,13 @@ class RuncCheckpoints(RuncLifecycle):
         `scratch/upper`, thaw; (seconds of the dump, seconds paused)."""
         images, work = scratch / ckpt.IMAGES, scratch / "work"
         work.mkdir(parents=True)
-        rc, _, err = await self.cli.cmd("pause", cid)
+        rc, _, err = await self.lc.cli.cmd("pause", cid)
         if rc != 0:
             raise ckpt.CheckpointError(f"runc pause {cid}: {err.strip()}")
         paused = time.monotonic()
         try:
             runc_log = scratch / "runc.log"
-            failed = await self.cli.watched(
+            failed = await self.lc.cli.watched(
                 ["--log", str(runc_log), "--log-format", "json", "--criu", str(criu.binary),
                  "checkpoint", "--leave-running", "--image-path", str(images), "--work-path", str(work), cid],
                 work / "dump.log", self.dump_timeout, self.criu_log_limit, nothing)
@@ -131,23 +132,18 @@ class RuncCheckpoints(RuncLifecycle):
                     f"CRIU could not dump {cid}: {failed or criu_reason(work / 'dump.log', runc_log)}")
             await _copy_tree(cdir / "upper", scratch / ckpt.UPPER)
         finally:
-            rc, _, err = await self.cli.cmd("resume", cid)
+            rc, _, err = await self.lc.cli.cmd("resume", cid)
             thawed = time.monotonic()
             if rc != 0:
                 raise ckpt.CheckpointError(f"runc resume {cid} after the dump: {err.strip()}")
         return dumped - paused, thawed - paused
 
-    async def cleanup_all(self) -> list[str]:
-        found = await super().cleanup_all()
-        self._remove_unfinished_dumps()
-        return found
-
-    def _remove_unfinished_dumps(self) -> None:
+    def remove_unfinished_dumps(self) -> None:
         """Dumps a dead worker did not finish."""
         scratch = self.state_dir / "checkpoints"
         if scratch.is_dir():
             for left in scratch.iterdir():
-                if left.name.split(".", 1)[0] not in self._live:
+                if left.name.split(".", 1)[0] not in self.lc._live:
                     shutil.rmtree(left, ignore_errors=True)
 
     # -- restore --
@@ -161,7 +157,7 @@ class RuncCheckpoints(RuncLifecycle):
         if criu is None:
             raise ckpt.RestoreError("checkpoints are off here: no working CRIU (use_criu was not called)")
         cid = spec.container_id
-        cdir = await self._new_container_dir(cid, ckpt.RestoreError)
+        cdir = await self.lc._new_container_dir(cid, ckpt.RestoreError)
         rec = Record(cid, ip="", port=spec.port, memory_mib=spec.memory_mib)
         try:
             await self._restore_into(rec, cdir, spec, Path(tar), criu)
@@ -174,8 +170,8 @@ class RuncCheckpoints(RuncLifecycle):
             if isinstance(exc, (ckpt.RestoreError, asyncio.CancelledError, KeyboardInterrupt)):
                 raise
             raise ckpt.RestoreError(f"restoring {cid}: {exc}") from exc
-        self._live[cid] = rec
-        return Started(address=self.address_of(rec), pid=rec.pid, log_path=self.log_path(cid))
+        self.lc._live[cid] = rec
+        return Started(address=self.lc.address_of(rec), pid=rec.pid, log_path=self.lc.log_path(cid))
 
     async def _restore_into(self, rec: Record, cdir: Path, spec: ContainerSpec, tar: Path,
                             criu: CriuInfo) -> None:
@@ -190,14 +186,14 @@ class RuncCheckpoints(RuncLifecycle):
             raise RuntimeError(f"the checkpoint's executor speaks protocol generation {generation}; this worker "
                                f"implements {sorted(wire.SUPPORTED_GENERATIONS)}")
         rec.port = manifest["port"]
-        names = self.names(cid)
-        rec.ip = self.ipam.claim(cid, self.state_dir, names.netns, group=self.peer_group(spec), port=rec.port)
-        self._save(rec)
+        names = self.lc.names(cid)
+        rec.ip = self.lc.ipam.claim(cid, self.state_dir, names.netns, group=self.lc.peer_group(spec), port=rec.port)
+        self.lc._save(rec)
         # the writable layer is this container's own copy; the images are read in place
         await _run_checked(["cp", "-a", str(template / ckpt.UPPER), str(cdir / "upper")])
         # /etc/hosts names the new address; the host name stays (the UTS namespace is restored)
         write_upper(cdir / "upper", {"/etc/hosts": hosts_file(rec.ip, manifest["hostname"])})
-        await self._overlay_and_network(rec, cdir, spec.image)
+        await self.lc._overlay_and_network(rec, cdir, spec.image)
         restored = ContainerSpec(container_id=cid, code_dir=spec.code_dir, sdk_dir=spec.sdk_dir,
                                  env=manifest["env"], cpu_millicores=spec.cpu_millicores,
                                  memory_mib=spec.memory_mib, command=tuple(manifest["command"]),
@@ -212,7 +208,7 @@ class RuncCheckpoints(RuncLifecycle):
         (cdir / CRIU_CONF).write_text(ckpt.dump_config())
         rec.pid = int((cdir / "init.pid").read_text())
         rec.started = start_time(rec.pid)
-        self._save(rec)
+        self.lc._save(rec)
 
     async def _check_root(self, manifest: dict, spec: ContainerSpec) -> None:
         """The dumped memory maps the files of the root it ran on: a restore needs that very root
@@ -267,7 +263,7 @@ class RuncCheckpoints(RuncLifecycle):
 
         # runc joins the netns named in config.json and hands it to CRIU (--inherit-fd
         # fd[N]:extRootNetNS), matching the `net[inode]:extRootNetNS` external of the dump
-        failed = await self.cli.watched(
+        failed = await self.lc.cli.watched(
             ["--log", str(log), "--log-format", "json", "--criu", str(criu.binary), "restore",
              "--detach", "--image-path", str(images), "--work-path", str(work), "--bundle", str(cdir),
              "--pid-file", str(cdir / "init.pid"), cid],
@@ -281,18 +277,18 @@ class RuncCheckpoints(RuncLifecycle):
         criu-root bind mount, CRIU's cgroup yard in its work dir: both stay when CRIU is killed),
         runc state, network, address, files, cgroups."""
         await cgroups.kill_cgroup(cgroups_path(cid))
-        await self.cli.cmd("delete", "-f", cid)
-        self._unmount_leftovers(cid)
-        shutil.rmtree(self.runc_root / cid, ignore_errors=True)
-        await self._teardown(cid, keep_log=False)
+        await self.lc.cli.cmd("delete", "-f", cid)
+        self.lc._unmount_leftovers(cid)
+        shutil.rmtree(self.lc.runc_root / cid, ignore_errors=True)
+        await self.lc._teardown(cid, keep_log=False)
         cgroups.remove_cgroups(cgroups_path(cid))
 
     async def _base_identity(self) -> str:
         """What tells base root file systems apart: the sha256 of their package list."""
         if self._base_id is None:
-            await self.prepare()
-            assert self._base is not None
-            self._base_id = await asyncio.to_thread(ckpt.file_sha256, self._base / "var/lib/dpkg/status")
+            await self.lc.prepare()
+            assert self.lc._base is not None
+            self._base_id = await asyncio.to_thread(ckpt.file_sha256, self.lc._base / "var/lib/dpkg/status")
         return self._base_id
 
 

@@ -1,5 +1,6 @@
-"""The lifecycle of runc containers: prepare, start, poll, stop, cleanup (the first half of
-RuncRuntime, levers9.worker.runtime.runc.runc_runtime; checkpoint and restore are the second, levers9.worker.runtime.runc.dump_restore).
+"""The lifecycle of runc containers: prepare, start, poll, stop, cleanup. One of the two parts
+RuncRuntime (levers9.worker.runtime.runc.runc_runtime) is composed of; the other, checkpoint and
+restore with CRIU (levers9.worker.runtime.runc.dump_restore), works over this one's containers.
 
 Out of memory: the cgroup v1 memory controller's `oom_kill` counter (or v2 `memory.events`) is read
 before the cgroup is deleted; memory+swap are limited alike so the limit is real.
@@ -35,7 +36,6 @@ from levers9.worker.runtime.interface import (
     ContainerSpec,
     Exit,
     Progress,
-    Runtime,
     Started,
     exit_of,
     proc_state,
@@ -65,10 +65,12 @@ IMAGE_FILE = "image.json"  # in the container dir: the ImageRef of its root (abs
 MOUNT_POINTS = ("app", "opt/levers9", "var/log/levers9")
 
 
-class RuncLifecycle(Runtime):
+class RuncLifecycle:
+    """The containers of one worker (one state dir): their bundles, overlays, network, cgroups."""
 
     def __init__(self, state_dir: Path, settings: Settings, runc: str | None = None):
-        super().__init__(state_dir, settings)
+        self.state_dir = Path(state_dir).resolve()
+        self.settings = settings
         self.runc = runc or shutil.which("runc", path=os.environ.get("PATH", "") + ":/usr/sbin:/sbin") \
             or "runc"
         self.runc_root = self.state_dir / "runc"
@@ -84,8 +86,12 @@ class RuncLifecycle(Runtime):
                                   f"http://{settings.http_host}:{settings.cache_port}")
 
     @property
-    def enforces_memory_limit(self) -> bool:
-        return True
+    def containers_dir(self) -> Path:
+        return self.state_dir / "containers"
+
+    @property
+    def logs_dir(self) -> Path:
+        return self.state_dir / "logs"
 
     # -- setup --
 
