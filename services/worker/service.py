@@ -5,26 +5,25 @@
   (levers9.worker.lifecycle.restart), then registers with its capacity and features and heartbeats.
 - It consumes ContainerScheduled / ContainerStopRequested / ContainerCheckpointRequested and acts only on its
   own containers. A placement carries everything the start needs (spec, resources, checkpoint, and its
-  GPUs' cards are chosen here: levers9.worker.gpus.node): no projection is read to start it (.placement).
+  GPUs' cards are chosen here: levers9.worker.gpus.node): no projection is read to start it
+  (levers9.worker.lifecycle.placement).
 - For a placement: code archive from the gateway (with its worker token), secrets decrypted, the
   container started or restored (ContainerStarted), the runner's health polled until ready
   (ContainerReady with the address) or failed (ContainerFailed with the reason from the log).
 - A monitor loop notices containers that exit or run out of memory, and stops the ones idle for
   keep_warm_seconds (scale to zero: ContainerStopped; the rule is levers9.worker.lifecycle.idle).
-- Checkpoints: levers9.worker.checkpoints.orchestration; HTTP routes: levers9.worker.routes.
-- A build-pool worker also runs the builds given to it (ImageBuildStarted), one at a time (.builder).
+- Checkpoints: levers9.worker.checkpoints.orchestration; HTTP routes: levers9.worker.routes; the node
+  cache it serves: levers9.worker.images.cache_server; a placement's code: levers9.worker.lifecycle.code.
+- A build-pool worker also runs the builds given to it (ImageBuildStarted), one at a time (levers9.worker.builds.builder).
 """
 
 from __future__ import annotations
 
 import asyncio
-import errno
-import io
 import json
 import logging
 import os
 import socket
-import tarfile
 import time
 from pathlib import Path
 from typing import Any
@@ -42,10 +41,12 @@ from levers9.runtime.service import Service
 from levers9.runtime.tasks import spawn
 from levers9.runtime.views import CheckpointsView, ContainersView, DeploymentsView, SecretsView, WorkersView
 from levers9.worker.builds.builder import Builds
-from levers9.worker.checkpoints import orchestration as checkpointing
-from levers9.worker.gpus import node as gpu_node
-from levers9.worker.images.node_cache import NodeCache, cache_app, shared_cache_or_exit
+from levers9.worker.checkpoints.orchestration import Checkpoints, enable_criu
+from levers9.worker.gpus.node import NodeGpus
+from levers9.worker.images.cache_server import serve_cache
+from levers9.worker.images.node_cache import NodeCache
 from levers9.worker.lifecycle import restart
+from levers9.worker.lifecycle.code import fetch_code
 from levers9.worker.lifecycle.idle import should_stop_idle
 from levers9.worker.lifecycle.placement import Overtaken, Running, runner_env
 from levers9.worker.lifecycle.secret_source import SecretSource
@@ -80,10 +81,10 @@ class WorkerService(Service):
         self.containers: dict[str, Running] = {}
         self.overtaken = Overtaken()
         self.prepare_error, self.criu_note = "", "not checked"
-        self.gpus = gpu_node.NodeGpus(self.settings, self.state_dir)  # its cards (levers9.worker.gpus.node)
+        self.gpus = NodeGpus(self.settings, self.state_dir)  # its cards (levers9.worker.gpus.node)
         self.cache = NodeCache(Path(self.settings.image_cache) / "blobs", self.settings, self.settings.cache_max_bytes)
         self.cache_url = f"http://{self.settings.http_host}:{self.settings.cache_port}"
-        self.checkpoints = checkpointing.Checkpoints(self)
+        self.checkpoints = Checkpoints(self)
         self.sandboxes = Sandboxes(self.settings, self.state_dir)
         self.secret_source = SecretSource(self.settings, lambda ws, names: self.pool.fetch(
             "SELECT name, ciphertext FROM worker.secrets WHERE workspace=$1 AND name = ANY($2)", ws, names))
@@ -114,26 +115,7 @@ class WorkerService(Service):
                 self.volumes.serve, self.sandboxes.egress.serve]
 
     async def serve_cache(self, stop: asyncio.Event) -> None:
-        """The node content cache; the first worker of a node serves it, the others share it."""
-        import uvicorn
-
-        from levers9.runtime.service import _Server
-        sock = bind_unless_taken(self.settings.http_host, self.settings.cache_port)
-        if sock is None:  # uvicorn would exit the process on a taken port
-            await shared_cache_or_exit(self.cache_url, self.settings)  # another home's would fill from its S3
-            return
-        server = _Server(uvicorn.Config(cache_app(self.cache), log_config=None, access_log=False, lifespan="off"))
-        task = asyncio.create_task(server.serve(sockets=[sock]), name="node cache")
-        stopped = asyncio.create_task(stop.wait())
-        done, _ = await asyncio.wait([task, stopped], return_when=asyncio.FIRST_COMPLETED)
-        if task in done:  # ended by itself: say why (an exception ends this loop, and the service)
-            stopped.cancel()
-            await task
-            log.warning("node cache: the server at %s stopped by itself", self.cache_url)
-            return
-        server.should_exit = True
-        await task
-        await self.cache.close()  # its S3 client lives as long as the server
+        await serve_cache(self.cache, self.settings, self.cache_url, stop)
 
     async def prepare_and_register(self, stop: asyncio.Event) -> None:
         """Preparing runc's base root fs can take minutes the first time on a machine: health stays
@@ -142,7 +124,7 @@ class WorkerService(Service):
             await self.runtime.prepare(progress=lambda msg: log.info("prepare: %s", msg))
             removed = await self.runtime.cleanup_all()
             await restart.report_gone(self, removed, self.overtaken)  # before placements run
-            self.criu_note = await checkpointing.enable_criu(self.runtime, self.settings)
+            self.criu_note = await enable_criu(self.runtime, self.settings)
             log.info("checkpoint/restore: %s", self.criu_note)
         except Exception as exc:  # noqa: BLE001 - reported on /healthz and in the log
             self.prepare_error = f"{type(exc).__name__}: {exc}"
@@ -339,37 +321,7 @@ class WorkerService(Service):
             return ""
 
     async def fetch_code(self, c: Running) -> Path:
-        """The code archive, unpacked once per sha256. The gateway answers for this placement once
-        its own projection has applied the ContainerScheduled (`seq`)."""
-        assert c.spec is not None
-        sha = c.spec.code.sha256
-        if is_function(c.spec) and not c.spec.code.key:  # an ad-hoc sandbox: each call brings its function
-            empty = self.state_dir / "code" / "_none"
-            empty.mkdir(parents=True, exist_ok=True)
-            return empty
-        target = self.state_dir / "code" / sha
-        if sha and target.is_dir():
-            return target
-        url = f"{self.settings.gateway_url}/api/v1/internal/deployments/{c.deployment_id}/code"
-        began = time.monotonic()
-        async with httpx.AsyncClient(timeout=30) as client:
-            r = await client.get(url, params={"workspace": c.workspace, "container_id": c.container_id,
-                                              "seq": str(c.scheduled_seq)},
-                                 headers={"Authorization": f"Bearer {self.settings.worker_token}"})
-        if r.status_code != 200:
-            raise RuntimeError(f"code archive not available ({r.status_code}): {r.text[:300]}")
-        tmp = target.with_name(target.name + f".tmp{os.getpid()}")
-        tmp.mkdir(parents=True, exist_ok=True)
-        with tarfile.open(fileobj=io.BytesIO(r.content), mode="r:gz") as tar:
-            tar.extractall(tmp, filter="data")  # refuses absolute paths and .. (PEP 706)
-        os.chmod(tmp, 0o755)
-        try:
-            tmp.rename(target)
-        except OSError:  # extracted concurrently by another start of the same code
-            pass
-        log.info("code %s of %s: %d bytes fetched and unpacked in %.0f ms", sha[:12], c.deployment_id,
-                 len(r.content), (time.monotonic() - began) * 1000)
-        return target
+        return await fetch_code(self.settings, self.state_dir, c)
 
     async def secret_env(self, container_id: str, names: list[str]) -> dict[str, str]:
         """A placed container's secrets: opened here with the keyring, or by the gateway (secret_source)."""
@@ -462,20 +414,6 @@ class WorkerService(Service):
                 "prepare_error": self.prepare_error, "containers": len(self.containers), "gpus": self.gpus.health(),
                 **({"builds": {"current": self.builds.current, "finished": self.builds.finished}}
                    if self.builds is not None else {})}
-
-
-def bind_unless_taken(host: str, port: int) -> socket.socket | None:
-    """A socket bound to host:port, or None when another process listens there."""
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # not past a live listener: TIME_WAIT only
-    try:
-        sock.bind((host, port))
-    except OSError as exc:
-        sock.close()
-        if exc.errno == errno.EADDRINUSE:
-            return None
-        raise
-    return sock
 
 
 def _json(r: httpx.Response) -> dict[str, Any]:

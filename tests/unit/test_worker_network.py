@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 
 from levers9.runtime.config import Settings
+from levers9.worker.images.cache_server import bind_unless_taken
 from levers9.worker.network import bridge as network
 from levers9.worker.network.bridge import AddressesExhausted, Ipam, Names, bridge_address, next_free_address
 from levers9.worker.runtime.choice import choose_runtime, runc_missing
 from levers9.worker.runtime.runc import rootfs
-from levers9.worker.service import bind_unless_taken
 
 # ---- pure: addresses -----------------------------------------------------------------------------
 

@@ -1,0 +1,55 @@
+"""A placed container's code: the deployment's archive from the gateway, unpacked once per sha256
+under the worker's state dir (a function sandbox without stored code gets an empty dir: each call
+brings its function)."""
+
+from __future__ import annotations
+
+import io
+import logging
+import os
+import tarfile
+import time
+from pathlib import Path
+
+import httpx
+
+from levers9.runtime.config import Settings
+from levers9.worker.sandboxes.sandboxes import is_function
+
+from .placement import Running
+
+log = logging.getLogger("levers9.worker.lifecycle.code")
+
+
+async def fetch_code(settings: Settings, state_dir: Path, c: Running) -> Path:
+    """The code archive, unpacked once per sha256. The gateway answers for this placement once
+    its own projection has applied the ContainerScheduled (`seq`)."""
+    assert c.spec is not None
+    sha = c.spec.code.sha256
+    if is_function(c.spec) and not c.spec.code.key:  # an ad-hoc sandbox: each call brings its function
+        empty = state_dir / "code" / "_none"
+        empty.mkdir(parents=True, exist_ok=True)
+        return empty
+    target = state_dir / "code" / sha
+    if sha and target.is_dir():
+        return target
+    url = f"{settings.gateway_url}/api/v1/internal/deployments/{c.deployment_id}/code"
+    began = time.monotonic()
+    async with httpx.AsyncClient(timeout=30) as client:
+        r = await client.get(url, params={"workspace": c.workspace, "container_id": c.container_id,
+                                          "seq": str(c.scheduled_seq)},
+                             headers={"Authorization": f"Bearer {settings.worker_token}"})
+    if r.status_code != 200:
+        raise RuntimeError(f"code archive not available ({r.status_code}): {r.text[:300]}")
+    tmp = target.with_name(target.name + f".tmp{os.getpid()}")
+    tmp.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(fileobj=io.BytesIO(r.content), mode="r:gz") as tar:
+        tar.extractall(tmp, filter="data")  # refuses absolute paths and .. (PEP 706)
+    os.chmod(tmp, 0o755)
+    try:
+        tmp.rename(target)
+    except OSError:  # extracted concurrently by another start of the same code
+        pass
+    log.info("code %s of %s: %d bytes fetched and unpacked in %.0f ms", sha[:12], c.deployment_id,
+             len(r.content), (time.monotonic() - began) * 1000)
+    return target
