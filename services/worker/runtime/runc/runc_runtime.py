@@ -97,6 +97,10 @@ class RuncRuntime(Runtime):
     def images(self) -> ImageMounts:
         return self.lifecycle.images
 
+    @images.setter
+    def images(self, mounts: ImageMounts) -> None:  # tests and benches swap in their own mode
+        self.lifecycle.images = mounts
+
     @property
     def _base(self) -> Path | None:  # the base root's path (bench/bench_image_start.py swaps it)
         return self.lifecycle._base
