@@ -6,7 +6,6 @@ Errors print "error: <sentence>" and exit 1, never a traceback.
 
 from __future__ import annotations
 
-import json
 import sys
 import threading
 import time
@@ -15,70 +14,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import typer
-from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
 
 from levers9.app import ConfigError, load_app_file
+from levers9.cli_images import distinct_blueprints, ensure_images
+from levers9.cli_output import JSON_OPTION, client, console, errors, out, print_json, show_rows
 
 if TYPE_CHECKING:
     from levers9.client import Client
-
-console = Console(stderr=True, soft_wrap=True)
-out = Console(width=None if sys.stdout.isatty() else 250, soft_wrap=True)
-
-JSON_OPTION = typer.Option(False, "--json", help="print JSON")
-
-
-def fail(message: str) -> None:
-    console.print(f"[red]error:[/red] {escape(message)}")
-    raise typer.Exit(1)
-
-
-@contextmanager
-def errors() -> Iterator[None]:
-    """Turn the SDK's and the client's errors into "error: ..." and exit status 1."""
-    from levers9.client import ClientError
-
-    try:
-        yield
-    except (ClientError, ConfigError) as exc:
-        fail(str(exc))
-
-
-def client() -> "Client":
-    from levers9.client import Client
-
-    return Client.from_profile()
-
-
-def print_json(doc: Any) -> None:
-    sys.stdout.write(json.dumps(doc, indent=2) + "\n")
-    sys.stdout.flush()
-
-
-def show_rows(rows: list[dict[str, Any]], columns: list[str], json_out: bool) -> None:
-    """A table of the preferred columns present in the rows (all keys if none is), or JSON."""
-    if json_out:
-        return print_json(rows)
-    present = [c for c in columns if any(c in r for r in rows)]
-    if not present:
-        present = list(dict.fromkeys(k for r in rows for k in r))
-    table = Table(*present)
-    for r in rows:
-        table.add_row(*[escape(_cell(r.get(c))) for c in present])
-    out.print(table)
-    if not rows:
-        console.print("none", style="dim")
-
-
-def _cell(value: Any) -> str:
-    if value is None:
-        return ""
-    if isinstance(value, (dict, list)):
-        return json.dumps(value)
-    return str(value)
-
 
 # ---- deploy and serve ----------------------------------------------------------------------------
 
@@ -87,7 +30,6 @@ def deploy_file(get_client: Callable[[], "Client"], file: Path, progress: Callab
     """Load the file's endpoints, build the images they name (each blueprint once; nothing is
     deployed when one fails), package its directory, and POST each spec. -> the gateway's answers.
     `pause`: a context during which the caller's own live display is stopped (the builds show theirs)."""
-    from levers9.cli_images import distinct_blueprints, ensure_images
     from levers9.client import code_files, package_code
 
     progress(f"loading {file}")

@@ -15,7 +15,7 @@ from typing import Any, Optional
 import typer
 from rich.table import Table
 
-from levers9.cli_app import JSON_OPTION, console, errors, fail
+from levers9.cli_output import JSON_OPTION, console, errors, fail
 
 catalogue_app = typer.Typer(help="Shared pre-import checkpoints: build and show the catalogue.", no_args_is_help=True)
 

@@ -13,7 +13,7 @@ from urllib.parse import quote
 
 import typer
 
-from levers9.cli_app import JSON_OPTION, client, console, errors, print_json, show_rows
+from levers9.cli_output import JSON_OPTION, client, console, errors, print_json, show_rows
 
 clusters_app = typer.Typer(help="Clusters a workspace attaches: its own Kubernetes, running levers9 workers.",
                            no_args_is_help=True)

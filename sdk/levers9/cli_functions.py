@@ -17,7 +17,7 @@ from typing import Any, Optional
 import typer
 from rich.markup import escape
 
-from levers9.cli_app import JSON_OPTION, console, errors, fail
+from levers9.cli_output import JSON_OPTION, console, errors, fail
 
 KEYWORD_RE = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=(.*)$", re.S)
 

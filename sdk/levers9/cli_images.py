@@ -22,7 +22,7 @@ from rich.markup import escape
 from rich.text import Text
 
 from levers9.app import load_app_file
-from levers9.cli_app import JSON_OPTION, client, console, errors, out, show_rows
+from levers9.cli_output import JSON_OPTION, client, console, errors, out, show_rows
 from levers9.client import ClientError
 
 if TYPE_CHECKING:

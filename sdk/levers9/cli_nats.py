@@ -11,7 +11,7 @@ from pathlib import Path
 
 import typer
 
-from levers9.cli_app import console, out
+from levers9.cli_output import console, out
 
 nats_app = typer.Typer(help="NATS authentication for a deployment of your own (compose, Kubernetes).",
                        no_args_is_help=True)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import typer
 
-from levers9.cli_app import console, fail, out
+from levers9.cli_output import console, fail, out
 from levers9.runtime.config import Settings
 from levers9.runtime.nats_auth import inbox_prefix, publisher_tag
 

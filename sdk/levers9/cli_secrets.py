@@ -14,7 +14,8 @@ from pathlib import Path
 import typer
 from rich.markup import escape
 
-from levers9.cli_app import client, console, errors, fail, secret_app
+from levers9.cli_app import secret_app
+from levers9.cli_output import client, console, errors, fail
 from levers9.runtime.config import Settings, write_profile
 from levers9.runtime.secrets import KEYRING_FILE, SecretKeyMissing, keyring, write_keyring
 

@@ -15,7 +15,7 @@ from urllib.parse import quote
 import httpx
 import typer
 
-from levers9.cli_app import JSON_OPTION, client, console, errors, print_json, show_rows
+from levers9.cli_output import JSON_OPTION, client, console, errors, print_json, show_rows
 
 volumes_app = typer.Typer(help="Volumes: a workspace's persistent directories, mounted into containers.",
                           no_args_is_help=True)

@@ -24,7 +24,7 @@ import itertools
 import json
 import queue
 import threading
-from typing import TYPE_CHECKING, Any, Generator, Iterable, Iterator
+from typing import Any, Callable, Generator, Iterable, Iterator, Protocol
 
 import grpc
 
@@ -41,15 +41,33 @@ from levers9.function_pickling import (
     remote_exception,
     third_party,
 )
-
-if TYPE_CHECKING:
-    from levers9.functions import Function
+from levers9.function_sessions import session_for
 
 INLINE_LIMIT = 4 << 20  # larger inputs are uploaded; the gateway sends larger results as blob_url
 MAP_WINDOW = 100  # inputs in flight on one stream
 WAIT_STEP = 0.2  # seconds between checks for Ctrl-C while waiting
 _END = object()
 CANCEL_GRACE = 1.0  # seconds a cancelled stream waits for the gateway to end it before cancelling the RPC
+
+
+# ---- what a call needs of a Function -----------------------------------------------------------
+
+class RemoteFunction(Protocol):
+    """What a call needs of a levers9.functions.Function: its names, spec and local code, and its
+    caches (the first call's DescribeReply, the local code's imports). A narrow view: Function
+    imports this module when a call is made; this module never imports that one."""
+
+    local: Callable[..., Any] | None
+    app_name: str
+    name: str
+    spec: dict[str, Any]
+    is_generator: bool
+    _lock: threading.Lock
+    _described: Any
+    _imports: list[str] | None
+
+    @property
+    def label(self) -> str: ...
 
 
 # ---- one stream ----------------------------------------------------------------------------------
@@ -222,7 +240,7 @@ def outcome(result: pb.Result, stream: Stream) -> tuple[bool, Any]:
 
 # ---- what a call sends ---------------------------------------------------------------------------
 
-def function_ref(fn: "Function") -> pb.FunctionRef:
+def function_ref(fn: RemoteFunction) -> pb.FunctionRef:
     """A looked-up function by app and name; a local one pickled by value with its spec."""
     if fn.local is None:
         return pb.FunctionRef(app=fn.app_name, name=fn.name, generator=fn.is_generator)
@@ -235,7 +253,7 @@ def function_ref(fn: "Function") -> pb.FunctionRef:
                           imports=third_party(fn._imports))
 
 
-def ensure_described(fn: "Function", ref: pb.FunctionRef) -> pb.DescribeReply:
+def ensure_described(fn: RemoteFunction, ref: pb.FunctionRef) -> pb.DescribeReply:
     """Describe the function once (its sandbox's Python is checked there); cached on it."""
     with fn._lock:
         if fn._described is None:
@@ -243,15 +261,13 @@ def ensure_described(fn: "Function", ref: pb.FunctionRef) -> pb.DescribeReply:
         return fn._described
 
 
-def hello(fn: "Function", ref: pb.FunctionRef, mode: str) -> pb.Hello:
-    from levers9.functions import session_for
-
+def hello(fn: RemoteFunction, ref: pb.FunctionRef, mode: str) -> pb.Hello:
     session = session_for(fn.app_name)
     return pb.Hello(protocol=PROTOCOL, function=ref, mode=mode, python=local_python(),
                     session_id=session.use() if session is not None else "")
 
 
-def open_stream(fn: "Function", mode: str) -> Stream:
+def open_stream(fn: RemoteFunction, mode: str) -> Stream:
     ref = function_ref(fn)
     ensure_described(fn, ref)
     stub, target = connect()
@@ -260,7 +276,7 @@ def open_stream(fn: "Function", mode: str) -> Stream:
 
 # ---- the calls -----------------------------------------------------------------------------------
 
-def remote(fn: "Function", args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+def remote(fn: RemoteFunction, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     payload = pickle_args(args, kwargs, fn.label)
     [(ok, value)] = list(results(fn, iter([payload]), ordered=True))
     if not ok:
@@ -268,7 +284,7 @@ def remote(fn: "Function", args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any
     return value
 
 
-def map_calls(fn: "Function", argument_lists: Iterable[tuple[tuple[Any, ...], dict[str, Any]]],
+def map_calls(fn: RemoteFunction, argument_lists: Iterable[tuple[tuple[Any, ...], dict[str, Any]]],
               return_exceptions: bool, ordered: bool) -> Iterator[Any]:
     """Each input's value (in input order when ordered); the first failure raises (the rest are
     cancelled) unless return_exceptions, which yields it in its place."""
@@ -285,7 +301,7 @@ def map_calls(fn: "Function", argument_lists: Iterable[tuple[tuple[Any, ...], di
             yield value
 
 
-def results(fn: "Function", payloads: Iterator[bytes], ordered: bool) -> Generator[tuple[bool, Any], None, None]:
+def results(fn: RemoteFunction, payloads: Iterator[bytes], ordered: bool) -> Generator[tuple[bool, Any], None, None]:
     """(ok, value) per input, over one stream; in input order through a reorder buffer when ordered."""
     with open_stream(fn, "call") as stream:
         exchange = Exchange(stream, payloads)
@@ -308,7 +324,7 @@ def results(fn: "Function", payloads: Iterator[bytes], ordered: bool) -> Generat
                                 correlation_id=stream.correlation_id)
 
 
-def remote_gen(fn: "Function", args: tuple[Any, ...], kwargs: dict[str, Any]) -> Iterator[Any]:
+def remote_gen(fn: RemoteFunction, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Iterator[Any]:
     """The items a generator function yields, as they come."""
     payload = pickle_args(args, kwargs, fn.label)
     with open_stream(fn, "call") as stream:
@@ -322,7 +338,7 @@ def remote_gen(fn: "Function", args: tuple[Any, ...], kwargs: dict[str, Any]) ->
                     raise value
 
 
-def spawn(fn: "Function", args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+def spawn(fn: RemoteFunction, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
     """Start the call and return its id at once; it runs on whatever this process does."""
     payload = pickle_args(args, kwargs, fn.label)
     call_id = ""

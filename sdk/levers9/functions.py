@@ -1,4 +1,4 @@
-"""`@app.function`'s Function, FunctionCall and sessions: Python functions run remotely.
+"""`@app.function`'s Function and FunctionCall: Python functions run remotely.
 
     app = App("demo")
 
@@ -14,20 +14,20 @@
         ...
 
 Standard library only: a user's file that defines functions is imported inside containers too.
-The calls themselves (grpc, cloudpickle) live in levers9.function_calls, imported when one is made.
+The calls themselves (grpc, cloudpickle) live in levers9.function_calls, imported when one is made;
+it sees a Function through its own narrow RemoteFunction protocol, so it never imports this module.
+Sessions (`with app.session():`) are levers9.function_sessions.
 """
 
 from __future__ import annotations
 
-import contextvars
 import functools
 import inspect
 import re
 import threading
-import uuid
-import warnings
 from typing import Any, Callable, Iterable, Iterator
 
+from levers9.function_sessions import Session as Session  # levers9.Session, app.session()
 from levers9.options import PYTHON_PACKAGE_RE, ConfigError
 
 MAX_RETRIES = 10
@@ -192,54 +192,3 @@ class FunctionCall:
 def make_function(local: Callable[..., Any], app_name: str, spec: dict[str, Any]) -> Function:
     return Function(local, app_name, spec["name"], spec,
                     generator=inspect.isgeneratorfunction(local))
-
-
-# ---- sessions ------------------------------------------------------------------------------------
-
-_sessions: contextvars.ContextVar[tuple["Session", ...]] = contextvars.ContextVar("levers9_sessions", default=())
-
-
-class Session:
-    """`with app.session():` the calls of the app's functions in the block carry one session id, so
-    they share one sandbox; at the end the client ends the session (its sandbox stops)."""
-
-    def __init__(self, app_name: str):
-        self.app_name = app_name
-        self.id = ""
-        self.used = False
-        self._token: contextvars.Token[tuple[Session, ...]] | None = None
-
-    def use(self) -> str:
-        self.used = True
-        return self.id
-
-    def __enter__(self) -> "Session":
-        if self._token is not None:
-            raise RuntimeError("this session is already open: call app.session() for another")
-        self.id = str(uuid.uuid4())
-        self._token = _sessions.set((*_sessions.get(), self))
-        return self
-
-    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        assert self._token is not None
-        _sessions.reset(self._token)
-        self._token = None
-        if not self.used:
-            return  # no call was made: the gateway knows nothing of it
-        from levers9 import function_client
-        from levers9.function_errors import FunctionError
-
-        try:
-            function_client.end_session(self.id)
-        except FunctionError as error:
-            if exc_type is None:
-                raise
-            warnings.warn(f"ending session {self.id} failed: {error}", stacklevel=2)
-
-
-def session_for(app_name: str) -> Session | None:
-    """The innermost open session of that app in this context."""
-    for session in reversed(_sessions.get()):
-        if session.app_name == app_name:
-            return session
-    return None

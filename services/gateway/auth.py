@@ -7,29 +7,21 @@ need a token of the admin workspace.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated
+from typing import Annotated
 
 from fastapi import Depends, HTTPException, Request
-from pydantic import BaseModel
 
 from levers9.runtime.tokens import token_hash
 
+from .callers import Caller
 from .deps import Gateway
-
-if TYPE_CHECKING:
-    from .state import Gateway as GatewayState
+from .state import Gateway as GatewayState
 
 ADMIN_WORKSPACE = "default"
 MISSING = ("missing bearer token: send 'Authorization: Bearer <token>' "
            "(levers9 up writes one to ~/.levers9/config.toml)")
 UNKNOWN = "this token is unknown or revoked: create one with `levers9 token create`"
 CHALLENGE = {"WWW-Authenticate": "Bearer"}
-
-
-class Caller(BaseModel):
-    workspace: str
-    token_id: str
-    scope: str = "workspace"
 
 
 def bearer_secret(header: str) -> str:

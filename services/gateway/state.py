@@ -12,7 +12,7 @@ import asyncio
 import json
 import logging
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import aiohttp
 import httpx
@@ -38,10 +38,8 @@ from levers9.runtime.views import (
 )
 from levers9.runtime.views_volumes import VolumesView
 
+from .callers import Caller
 from .router import DeploymentRouter
-
-if TYPE_CHECKING:
-    from .auth import Caller
 
 log = logging.getLogger("levers9.gateway")
 

@@ -1,6 +1,6 @@
 """Where workers come from. `Backend` is the interface; `LocalBackend` starts worker processes on
-this machine. A Kubernetes backend (a pod per worker) implements the same three calls; it is not
-written yet."""
+this machine. The other backends (backends_netns, backends_k8s, backends_cluster) implement the same
+calls on top of this module; backend_choice.make_backend picks one for a pool."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ import subprocess
 import sys
 from abc import ABC, abstractmethod
 from pathlib import Path
-from typing import Any, Callable
 
 from levers9.runtime.credentials import without_credentials, worker_env
 from levers9.runtime.ports import free_port
@@ -121,25 +120,3 @@ def worker_bus_files(issuer: str, worker_id: str) -> dict[str, str]:
     creds, _ = iss.mint(nats_auth.worker_tag(worker_id), nats_auth.worker_permissions(worker_id))
     return {"nats.creds": creds, "worker.sign": iss.signing_path("worker").read_text(),
             "signers.json": iss.signers_path.read_text()}
-
-
-def make_backend(kind: str, home: Path, issuer: str = "", bus: Callable[[], Any] | None = None) -> Backend:
-    if kind == "local":
-        return LocalBackend(home, issuer)
-    if kind == "netns":  # each worker its own host: a network namespace on an underlay bridge
-        from .backends_netns import NetnsBackend
-
-        return NetnsBackend(home, issuer)
-    if kind == "kubernetes":  # worker pods; the kubernetes client is imported only for such pools
-        from levers9.runtime.config import Settings
-
-        from .backends_k8s import KubernetesBackend
-
-        return KubernetesBackend(Settings.load(), issuer)
-    if kind == "cluster" and bus is not None:  # pods on an attached cluster, through its agent's gateway
-        from levers9.runtime.config import Settings
-
-        from .backends_cluster import ClusterBackend
-
-        return ClusterBackend(Settings.load(), issuer, bus)
-    raise SystemExit(f"pool backend {kind!r} is not available here (known: 'local', 'netns', 'kubernetes', 'cluster')")

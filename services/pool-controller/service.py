@@ -33,7 +33,8 @@ from levers9.runtime.tokens import mint
 from levers9.runtime.views import ContainersView, WorkersView
 from levers9.runtime.views_clusters import ClustersView
 
-from .backends import Backend, make_backend
+from .backend_choice import make_backend
+from .backends import Backend
 from .fencing import Fencer
 from .heartbeats import HeartbeatTable, still_beating
 from .pools import PoolConfig, PoolWorker, load_pools, pool_delta, with_unprojected

@@ -26,7 +26,7 @@ from settings_strategies import CREDENTIALS, MARK, any_settings
 
 from levers9.pool_controller import backends_k8s
 from levers9.pool_controller import backends_k8s_manifests as M
-from levers9.pool_controller.backends import make_backend
+from levers9.pool_controller.backend_choice import make_backend
 from levers9.pool_controller.backends_k8s import KubernetesBackend
 from levers9.pool_controller.pools import PoolConfig
 from levers9.runtime import nats_auth, nats_jwt

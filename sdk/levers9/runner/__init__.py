@@ -10,5 +10,5 @@ lets the requests in flight finish (up to STOP_GRACE_SECONDS), and exits 0.
 Standard library only: the container is a bare python3 with this package mounted at /opt/levers9.
 Modules: config (LEVERS9_RUNNER_* settings), runtime (state, loading and calling the user's code),
 server (HTTP/1.1, health and status), endpoint (a function's inputs and answer), asgi (the bridge to
-an ASGI app), main (the process).
+an ASGI app), exchange (what endpoint and asgi need of server's handler), main (the process).
 """

@@ -8,18 +8,16 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import queue
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from urllib.parse import SplitResult, unquote
 
+from levers9.runner.exchange import Exchange
 from levers9.runner.runtime import DeadlineExceeded, error_body, print_exception, with_deadline
-
-if TYPE_CHECKING:
-    from levers9.runner.server import Handler
 
 HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade", "proxy-connection"}
 
 
-def asgi_scope(h: "Handler", url: SplitResult) -> dict[str, Any]:
+def asgi_scope(h: Exchange, url: SplitResult) -> dict[str, Any]:
     rt = h.server.runtime
     raw_path = h.path.split("?", 1)[0]
     return {
@@ -56,7 +54,7 @@ class Channel:
         await asyncio.wrap_future(written)  # back-pressure: wait until the chunk is on the socket
 
 
-def serve_asgi(h: "Handler", url: SplitResult, body: bytes) -> None:
+def serve_asgi(h: Exchange, url: SplitResult, body: bytes) -> None:
     rt = h.server.runtime
     channel = Channel(body)
     scope = asgi_scope(h, url)
@@ -97,7 +95,7 @@ def write_messages(channel: Channel, writer: "AsgiWriter", loop: asyncio.Abstrac
 class AsgiWriter:
     """Turns ASGI send() messages into an HTTP/1.1 response on the handler's socket."""
 
-    def __init__(self, handler: "Handler"):
+    def __init__(self, handler: Exchange):
         self.h = handler
         self.started = False
         self.complete = False

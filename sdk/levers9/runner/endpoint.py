@@ -7,14 +7,11 @@ import concurrent.futures
 import inspect
 import json
 import uuid
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from urllib.parse import SplitResult, parse_qsl
 
+from levers9.runner.exchange import Exchange
 from levers9.runner.runtime import Context, DeadlineExceeded, error_body, log, print_exception
-
-if TYPE_CHECKING:
-    from levers9.runner.server import Handler
-
 
 MAX_JSON_DEPTH = 100  # arrays and objects inside each other in a body (the gateway's limit too)
 
@@ -25,7 +22,7 @@ class BadRequest(Exception):
         self.status = status
 
 
-def serve_endpoint(h: "Handler", url: SplitResult, body: bytes) -> None:
+def serve_endpoint(h: Exchange, url: SplitResult, body: bytes) -> None:
     rt = h.server.runtime
     kwargs = inputs(url.query, body)
     headers = {k.lower(): v for k, v in h.headers.items()}
