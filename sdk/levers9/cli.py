@@ -21,6 +21,7 @@ from rich.table import Table
 from levers9.cli_app import register as _register_app_commands
 from levers9.cli_catalogue import catalogue_app
 from levers9.cli_clusters import register as _register_cluster_commands
+from levers9.cli_contracts import register as _register_contract_commands
 from levers9.cli_functions import register as _register_function_commands
 from levers9.cli_images import register as _register_image_commands
 from levers9.cli_nats import nats_app
@@ -43,6 +44,7 @@ app.add_typer(nats_app, name="nats")
 _register_app_commands(app)
 _register_function_commands(app)
 _register_image_commands(app)
+_register_contract_commands(contracts_app)
 _register_secret_commands()
 _register_volume_commands(app)
 _register_cluster_commands(app)
