@@ -13,10 +13,12 @@ from typing import Iterator
 import httpx
 
 
-def cli(env: dict, *args: str, timeout: float = 900, check: bool = True) -> subprocess.CompletedProcess:
-    """`levers9 ARGS` as a user runs it, in `env` (its LEVERS9_HOME); raises with its output on failure."""
-    proc = subprocess.run([sys.executable, "-m", "levers9", *args], env=env, capture_output=True, text=True,
-                          timeout=timeout)
+def cli(env: dict, *args: str, timeout: float = 900, check: bool = True, python: str = sys.executable,
+        cwd: Path | None = None) -> subprocess.CompletedProcess:
+    """`levers9 ARGS` as a user runs it, in `env` (its LEVERS9_HOME); raises with its output on failure.
+    `python`: the interpreter whose levers9 runs (another venv's, test_e2e_wheel)."""
+    proc = subprocess.run([python, "-m", "levers9", *args], env=env, capture_output=True, text=True,
+                          timeout=timeout, cwd=cwd)
     if check and proc.returncode != 0:
         raise AssertionError(f"levers9 {' '.join(args)} exited {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
     return proc
@@ -59,8 +61,10 @@ def needs_runc() -> None:
 
 
 @contextlib.contextmanager
-def one_worker_stack(home: Path, cpu_millicores: int, memory_mib: int) -> Iterator[dict]:
-    """`levers9 up` in `home` with one local worker of that size, until it is ready; `levers9 down` after."""
+def one_worker_stack(home: Path, cpu_millicores: int, memory_mib: int, python: str = sys.executable,
+                     base_env: dict | None = None, cwd: Path | None = None) -> Iterator[dict]:
+    """`levers9 up` in `home` with one local worker of that size, until it is ready; `levers9 down` after.
+    The CLI is `python`'s, run in `cwd` with `base_env` (default: this process's) less its LEVERS9_*."""
     import os
 
     from levers9.runtime.ports import free_port
@@ -71,15 +75,15 @@ def one_worker_stack(home: Path, cpu_millicores: int, memory_mib: int) -> Iterat
     pools = home / "pools.toml"
     pools.write_text(f'[pools.default]\nbackend = "{backend}"\nmin_warm = 1\nmax_workers = 1\nidle_timeout_s = 600\n'
                      f'worker_cpu_millicores = {cpu_millicores}\nworker_memory_mib = {memory_mib}\n')
-    env = {k: v for k, v in os.environ.items() if not k.startswith("LEVERS9_")}
+    env = {k: v for k, v in (os.environ if base_env is None else base_env).items() if not k.startswith("LEVERS9_")}
     # its own node cache port from the ledger: the default (2050) may be another stack's
     env.update(LEVERS9_HOME=str(home), LEVERS9_POOLS_FILE=str(pools), LEVERS9_CACHE_PORT=str(free_port()),
                LEVERS9_WORKER_CPU_MILLICORES=str(cpu_millicores), LEVERS9_WORKER_MEMORY_MIB=str(memory_mib),
                **({"LEVERS9_WORKER_POOL": "machine"} if backend != "local" else {}))
     try:
-        cli(env, "up")
+        cli(env, "up", python=python, cwd=cwd)
         wait_until(lambda: any(w["status"] == "ready" and "runc" in w["features"] and w["pool"] == "default"
                                for w in api(env, "GET", "/api/v1/workers").json()), timeout=600)
         yield env
     finally:
-        cli(env, "down", check=False)
+        cli(env, "down", check=False, python=python, cwd=cwd)
