@@ -12,8 +12,13 @@ set +e
 # one process. Properties run at most LEVERS9_TEST_EXAMPLES examples each here.
 lanes=${LEVERS9_TEST_LANES:-2}
 export LEVERS9_TEST_EXAMPLES=${LEVERS9_TEST_EXAMPLES:-50}
-.venv/bin/python -m pytest -q -p no:cacheprovider --durations=25 -n "$lanes" "$@"
+# Its own temporary root: pytest keeps only the last three of /tmp/pytest-of-$USER and resets that
+# root to 0700 at each start, so another pytest on the machine (a developer's, another checkout's)
+# would delete this run's stacks under it, or lock their Postgres out of its data directory.
+basetemp=$(mktemp -d /tmp/levers9-tests.XXXXXX)
+.venv/bin/python -m pytest -q -p no:cacheprovider --durations=25 -n "$lanes" --basetemp "$basetemp" "$@"
 rc=$?
+if [ $rc -eq 0 ]; then rm -rf --one-file-system "$basetemp"; else echo "test: this run's files are in $basetemp" >&2; fi
 set -e
 if [ $rc -eq 5 ]; then
   echo "pytest collected no test" >&2

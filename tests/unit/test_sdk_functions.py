@@ -283,12 +283,20 @@ def test_ctrl_c_while_waiting_cancels_the_call(fake, monkeypatch):
     assert time.monotonic() - started < 20  # did not wait for the call (30 s)
 
 
-def test_ctrl_c_from_a_signal_while_blocked_cancels_the_call(fake):
-    timer = threading.Timer(0.5, _thread.interrupt_main)
-    timer.start()
+def test_ctrl_c_from_a_signal_while_blocked_cancels_the_call(fake, monkeypatch):
+    # the signal comes once the call runs (its output says so), while the caller waits for its result
+    timer = threading.Timer(0.3, _thread.interrupt_main)
+    shown = function_calls.write_output
+
+    def start_timer_when_started(output):
+        shown(output)
+        if "started" in output.text and not timer.is_alive():
+            timer.start()
+
+    monkeypatch.setattr(function_calls, "write_output", start_timer_when_started)
     try:
         with pytest.raises(KeyboardInterrupt):
-            waits.remote()
+            waits.remote(30.0)  # far longer than the timer, however loaded the machine
     finally:
         timer.cancel()
     assert wait_for(lambda: fake.kinds("cancel"))
