@@ -32,7 +32,6 @@ import httpx
 import psutil
 from fastapi import FastAPI
 
-import levers9
 from levers9.contracts import SYSTEM_WORKSPACE, envelope, subjects
 from levers9.contracts import events as E
 from levers9.contracts.images import BUILD_POOL
@@ -49,6 +48,7 @@ from levers9.worker.lifecycle import restart
 from levers9.worker.lifecycle.code import fetch_code
 from levers9.worker.lifecycle.idle import should_stop_idle
 from levers9.worker.lifecycle.placement import Overtaken, Running, runner_env
+from levers9.worker.lifecycle.sdk_mount import sdk_mount
 from levers9.worker.lifecycle.secret_source import SecretSource
 from levers9.worker.mounts import volumes
 from levers9.worker.runtime.choice import choose_runtime
@@ -84,6 +84,7 @@ class WorkerService(Service):
         self.gpus = NodeGpus(self.settings, self.state_dir)  # its cards (levers9.worker.gpus.node)
         self.cache = NodeCache(Path(self.settings.image_cache) / "blobs", self.settings, self.settings.cache_max_bytes)
         self.cache_url = f"http://{self.settings.http_host}:{self.settings.cache_port}"
+        self.sdk_dir = sdk_mount(self.settings.home_path)  # containers' /opt/levers9: the SDK alone
         self.checkpoints = Checkpoints(self)
         self.sandboxes = Sandboxes(self.settings, self.state_dir)
         self.secret_source = SecretSource(self.settings, lambda ws, names: self.pool.fetch(
@@ -234,7 +235,7 @@ class WorkerService(Service):
         try:
             code_dir = await self.fetch_code(c)
             cspec = ContainerSpec(container_id=c.container_id, code_dir=code_dir,
-                                  sdk_dir=Path(levers9.__file__).resolve().parent.parent,
+                                  sdk_dir=self.sdk_dir,
                                   env=runner_env(c.spec, await self.secret_env(c.container_id, c.spec.secrets),
                                                  container_id=c.container_id, deployment_id=c.deployment_id,
                                                  max_body_bytes=self.settings.max_body_bytes),

@@ -175,10 +175,6 @@ def test_an_endpoint_deploys_and_answers_from_the_installed_package(where):
     assert where["from_wheel"], f"the sandbox's levers9 ({where['levers9']}) is not the installed one"
 
 
-@pytest.mark.xfail(strict=True, reason="the worker mounts the folder holding its levers9 package into sandboxes "
-                   "(services/worker/service.py: sdk_dir = levers9's parent): installed from a wheel that is the "
-                   "venv's whole site-packages, so user code imports the platform's dependencies (pyyaml here) "
-                   "instead of failing as in the editable install (test_e2e_endpoints' needs_yaml)")
 def test_the_sandbox_sees_no_package_of_the_platforms_venv(where):
     assert where["host_package"] is False
 
