@@ -168,7 +168,7 @@ class Rig:
         self.work, self.image_id = work, image_id
         self.cache_dir = work / "image-cache"
         self.blobs = self.cache_dir / "blobs"
-        self.settings = Settings(s3_endpoint=urls["s3_endpoint"], image_cache=str(self.cache_dir), runtime="runc")
+        self.settings = Settings().with_(s3_endpoint=urls["s3_endpoint"], image_cache=str(self.cache_dir), runtime="runc")
         self.rt = RuncRuntime(work / "worker", self.settings)
         self.code = work / "code"
         self.code.mkdir(parents=True, exist_ok=True)
@@ -268,7 +268,7 @@ async def upload(urls: dict[str, str], image_id: str, chunk_size: int):
     from levers9.runtime.config import Settings
     from levers9.runtime.image_archive import upload_image
     began = time.perf_counter()
-    archive = await upload_image(Settings(s3_endpoint=urls["s3_endpoint"]), ROOT, image_id, BUCKET,
+    archive = await upload_image(Settings().with_(s3_endpoint=urls["s3_endpoint"]), ROOT, image_id, BUCKET,
                                  progress=log, chunk_size=chunk_size)
     log(f"uploaded in {time.perf_counter() - began:.0f} s: {archive.size_bytes} bytes, {archive.files} entries")
     return ImageRef(image_id=image_id, archive=archive)

@@ -267,7 +267,7 @@ class Bare:
         from levers9.runtime.config import Settings
         from levers9.worker.runtime.runc.runc_runtime import RuncRuntime
         self.loop = asyncio.new_event_loop()
-        self.rt = RuncRuntime(state_dir, Settings(runtime="runc"))
+        self.rt = RuncRuntime(state_dir, Settings().with_(runtime="runc"))
         self.tar, self.code_dir = tar, code_dir
         self.memory_mib, self.cpu_millicores = memory_mib, cpu_millicores
         import levers9

@@ -178,12 +178,12 @@ def start_hosts(home: Path, nats_url: str, count: int, pool: str, cpu_millicores
 
     s = Settings.load(env={"LEVERS9_HOME": str(home)})
     if netns:
-        hosts.ensure_underlay(s.hosts_bridge, s.hosts_subnet, [nats_url])
+        hosts.ensure_underlay(s.network.hosts_bridge, s.network.hosts_subnet, [nats_url])
     out = []
     for i in range(1, count + 1):
         worker_id, prefix, address, url, ns = f"{pool}-{i}", [], "127.0.0.1", nats_url, ""
         if netns:
-            plan = hosts.add_host(s.hosts_bridge, s.hosts_subnet, s.hosts_container_supernet, home / "hosts" / "live")
+            plan = hosts.add_host(s.network.hosts_bridge, s.network.hosts_subnet, s.network.hosts_container_supernet, home / "hosts" / "live")
             prefix = ["nsenter", f"--net={hosts.NETNS_DIR / plan.netns}", "--"]
             address, url, ns = plan.address, hosts.rewrite_url(nats_url, plan.gateway), plan.netns
         cmd = [*prefix, sys.executable, str(Path(__file__).resolve()), "--home", str(home), "--worker-id", worker_id,
@@ -216,7 +216,7 @@ def stop_hosts(home: Path, sims: list[SimHost]) -> list[dict]:
     for sim in sims:
         n = hosts.index_of(sim.netns) if sim.netns else None
         if n is not None:
-            hosts.remove_host(hosts.host_plan(n, s.hosts_subnet, s.hosts_container_supernet))
+            hosts.remove_host(hosts.host_plan(n, s.network.hosts_subnet, s.network.hosts_container_supernet))
             (home / "hosts" / "live" / sim.netns).unlink(missing_ok=True)
     return reports
 

@@ -24,13 +24,13 @@ class BusAuth:
     def from_settings(cls, s: Settings) -> "BusAuth":
         """The process's own settings; the CLI (no `service`) of a home whose NATS runs with auth
         acts as that home's admin (whoever can read the home holds its keys anyway)."""
-        creds, signing, signers = s.nats_creds, s.bus_signing_key, s.bus_signers
-        admin = Path(s.nats_issuer or Path(s.home or ".") / "nats" / "auth")
-        if not creds and not s.service and (admin / "admin.creds").exists():
+        creds, signing, signers = s.bus.creds, s.bus.signing_key, s.bus.signers
+        admin = Path(s.bus.issuer or Path(s.home or ".") / "nats" / "auth")
+        if not creds and not s.process.service and (admin / "admin.creds").exists():
             creds, signing, signers = str(admin / "admin.creds"), str(admin / "admin.sign"), str(admin / "signers.json")
         return cls(creds=creds, signer=Signer.load(signing) if signing else None,
                    verifier=Verifier.load(signers) if signers else None,
-                   reporter=Reporter.from_creds(creds) if creds and s.service == "worker" else None)
+                   reporter=Reporter.from_creds(creds) if creds and s.process.service == "worker" else None)
 
     def connect_options(self) -> dict[str, Any]:
         """nats.connect() keywords: the credentials and the inbox prefix the user may subscribe to."""

@@ -42,7 +42,7 @@ async def newest_of(settings: Settings, flavor: str) -> Catalogue | None:
 async def newest(settings: Settings) -> dict[str, Catalogue]:
     """The newest catalogue of each flavor there is one of."""
     found: dict[str, Catalogue] = {}
-    if not settings.s3_endpoint:
+    if not settings.storage.s3_endpoint:
         return found
     for flavor in FLAVORS:
         try:

@@ -63,20 +63,20 @@ def bucket_url(s3_endpoint: str, bucket: str) -> str:
 
 def format_args(settings: Settings) -> list[str]:
     return [binary(), "format", "--no-agent", "--storage", "s3",
-            "--bucket", bucket_url(settings.s3_endpoint, settings.volumes_bucket),
-            "--access-key", settings.s3_access_key, "--secret-key", settings.s3_secret_key,
-            "--trash-days", "0", meta_url(settings.database_url), VOLUME_NAME]
+            "--bucket", bucket_url(settings.storage.s3_endpoint, settings.storage.volumes_bucket),
+            "--access-key", settings.storage.s3_access_key, "--secret-key", settings.storage.s3_secret_key,
+            "--trash-days", "0", meta_url(settings.database.url), VOLUME_NAME]
 
 
 def mount_args(settings: Settings, mount_point: Path, cache_dir: Path, log_file: Path) -> list[str]:
     return [binary(), "mount", "--no-agent", "-d", "--no-usage-report", "--backup-meta", "0",
             "--cache-dir", str(cache_dir), "--log", str(log_file), "--no-syslog",
-            meta_url(settings.database_url), str(mount_point)]
+            meta_url(settings.database.url), str(mount_point)]
 
 
 def data_root(settings: Settings) -> Path:
     """The directory under which each process of this home mounts the file system."""
-    return Path(settings.data_dir) if settings.data_dir else settings.home_path / "data"
+    return Path(settings.storage.data_dir) if settings.storage.data_dir else settings.home_path / "data"
 
 
 def _env() -> dict[str, str]:
@@ -105,7 +105,7 @@ async def _run(args: list[str], what: str, timeout: float = 120) -> str:
 
 async def format_once(settings: Settings) -> None:
     """Create the schema and format the volume unless it is (idempotent; one process at a time)."""
-    conn = await asyncpg.connect(settings.database_url, timeout=10)
+    conn = await asyncpg.connect(settings.database.url, timeout=10)
     try:
         # only when missing: under `levers9 up` it exists, and the roles using it may not create schemas
         if not await conn.fetchval("SELECT 1 FROM pg_namespace WHERE nspname = $1", SCHEMA):

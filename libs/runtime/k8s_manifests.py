@@ -25,7 +25,7 @@ import hashlib
 import re
 from typing import Any, Protocol
 
-from levers9.runtime.config import Settings
+from levers9.runtime.config import Settings, format_setting
 
 
 class PoolConfig(Protocol):
@@ -134,9 +134,9 @@ def worker_env(settings: Settings | Any) -> dict[str, str]:
     """The allow-listed settings, as LEVERS9_* variables (empty ones left out: the default applies)."""
     out = {}
     for name in WORKER_SETTINGS:
-        value = getattr(settings, name)
+        value = settings.get(name) if isinstance(settings, Settings) else getattr(settings, name)
         if value not in ("", None):
-            out[f"LEVERS9_{name.upper()}"] = str(value)
+            out[f"LEVERS9_{name.upper()}"] = format_setting(value)
     return out
 
 

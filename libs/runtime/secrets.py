@@ -37,15 +37,15 @@ _cache: dict[str, tuple[float, int, Keyring]] = {}
 
 def keyring(settings: Settings) -> Keyring:
     """This process's keyring (the file is re-read when its mtime or size changes)."""
-    if settings.secret_key:
+    if settings.secrets.key:
         try:
-            return sealing.parse_keyring(settings.secret_key)
+            return sealing.parse_keyring(settings.secrets.key)
         except SealError as exc:
             raise SecretKeyMissing(f"LEVERS9_SECRET_KEY is not a valid keyring: {exc}") from None
-    if not settings.secret_key_file:
+    if not settings.secrets.key_file:
         raise SecretKeyMissing("no key encryption key: set LEVERS9_SECRET_KEY_FILE (a keyring file, "
                                "`levers9 up` writes one) or LEVERS9_SECRET_KEY")
-    return _from_file(Path(settings.secret_key_file))
+    return _from_file(Path(settings.secrets.key_file))
 
 
 def _from_file(path: Path) -> Keyring:

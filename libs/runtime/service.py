@@ -80,19 +80,19 @@ class Service:
 
     async def connect(self) -> None:
         s = self.settings
-        if not s.nats_url or not s.database_url:
+        if not s.bus.nats_url or not s.database.url:
             raise SystemExit(f"levers9 {self.name}: LEVERS9_NATS_URL and LEVERS9_DATABASE_URL must be set "
                              "(or run `levers9 up`, which sets them)")
         async for attempt in AsyncRetrying(stop=stop_after_delay(30), wait=wait_exponential(0.2, max=3),
                                            reraise=True):
             with attempt:
-                self.bus = await Bus.connect(s.nats_url, name=f"levers9-{self.name}",
+                self.bus = await Bus.connect(s.bus.nats_url, name=f"levers9-{self.name}",
                                              auth=BusAuth.from_settings(s))
         await self.bus.ensure_topology()
         async for attempt in AsyncRetrying(stop=stop_after_delay(30), wait=wait_exponential(0.2, max=3),
                                            reraise=True):
             with attempt:
-                self.pool = await asyncpg.create_pool(s.database_url, min_size=1, max_size=8)
+                self.pool = await asyncpg.create_pool(s.database.url, min_size=1, max_size=8)
         self.store = ProjectionStore(self.pool, self.schema, self.projections)
         await self.store.setup()
         for p in self.projections:
@@ -108,8 +108,8 @@ class Service:
                 await self.apply(p, batch)
 
             out.append(OrderedConsumer(self.bus, f"{self.schema}-{p.name}", p.filter_subjects, position=position,
-                                       handle=handle, batch=self.settings.fetch_batch,
-                                       max_deliver=self.settings.max_deliver))
+                                       handle=handle, batch=self.settings.consumers.fetch_batch,
+                                       max_deliver=self.settings.consumers.max_deliver))
         return out
 
     async def apply(self, p: Projection, batch: list[Delivery]) -> None:
@@ -178,14 +178,14 @@ class Service:
 
     async def run(self) -> None:
         s = self.settings
-        setup_logging(self.name, s.log_level, s.log_format)
-        setup_tracing(self.name, s.otel_exporter)
+        setup_logging(self.name, s.telemetry.log_level, s.telemetry.log_format)
+        setup_tracing(self.name, s.telemetry.otel_exporter)
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.stop.set)
         await self.connect()
         await self.on_start()
-        server = _Server(uvicorn.Config(self.app(), host=s.http_host, port=s.http_port, log_config=None,
+        server = _Server(uvicorn.Config(self.app(), host=s.process.http_host, port=s.process.http_port, log_config=None,
                                         access_log=False, lifespan="off"))
         server_task = spawn(server.serve(), name=f"{self.name} http", logger=log)
         failed = await self._run_loops(server_task)
@@ -208,7 +208,7 @@ class Service:
         loops = [c.run for c in self.ordered_consumers()] + [c.run for c in self.reactions()] + self.background()
         tasks = [spawn(fn(self.stop), name=f"{self.name} {getattr(fn, '__qualname__', fn)}", logger=log)
                  for fn in loops]
-        log.info("%s started on %s:%s", self.name, s.http_host, s.http_port)
+        log.info("%s started on %s:%s", self.name, s.process.http_host, s.process.http_port)
         stop_wait = spawn(self.stop.wait(), name=f"{self.name} stop")
         failed = False
         pending: set[asyncio.Task[Any]] = {stop_wait, server_task, *tasks}

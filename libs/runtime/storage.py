@@ -45,8 +45,8 @@ def s3_client(settings: Settings, presign: bool = False) -> Any:
     HTTP client's own headers do not break it)."""
     config = AioConfig(signature_version="s3v4") if presign else None
     return _session().create_client(
-        "s3", endpoint_url=settings.s3_endpoint, aws_access_key_id=settings.s3_access_key,
-        aws_secret_access_key=settings.s3_secret_key, region_name=settings.s3_region, config=config)
+        "s3", endpoint_url=settings.storage.s3_endpoint, aws_access_key_id=settings.storage.s3_access_key,
+        aws_secret_access_key=settings.storage.s3_secret_key, region_name=settings.storage.s3_region, config=config)
 
 
 async def ensure_bucket(client: Any, bucket: str) -> None:

@@ -72,7 +72,7 @@ def server_urls(s: Settings) -> dict[str, str]:
     """Server URLs: LEVERS9_* when given, else what `levers9 up` recorded in state.json."""
     state_file = s.home_path / "state.json"
     state = json.loads(state_file.read_text()) if state_file.exists() else {}
-    urls = {k: getattr(s, k) or state.get(k, "") for k in ("nats_url", "database_url", "s3_endpoint")}
+    urls = {k: s.get(k) or state.get(k, "") for k in ("nats_url", "database_url", "s3_endpoint")}
     return urls
 
 
@@ -105,7 +105,7 @@ def up(json_out: bool = typer.Option(False, "--json", help="print the status as 
     profile = s.home_path / "config.toml"
     if ensure_keyring(s, profile):  # seals secrets and checkpoints; a 0600 file named in the profile
         s = settings()
-    if not s.nats_auth:  # credentials on the bus unless the profile or environment says `off`
+    if s.bus.auth is None:  # credentials on the bus unless the profile or environment says `off`
         write_profile(profile, {"nats_auth": "on"})
         s = settings()
     if not _given("cache_port", profile):
@@ -122,7 +122,7 @@ def up(json_out: bool = typer.Option(False, "--json", help="print the status as 
                 console.print(f"  {msg}")
 
             urls = Stack(s.home_path, s).start_servers(progress=progress)
-            if not s.worker_token:  # the static worker local-1 gets a token valid for it alone
+            if not s.worker.token:  # the static worker local-1 gets a token valid for it alone
                 worker_token = mint(name="worker local-1", scope="worker:local-1")
                 asyncio.run(publish_event(urls["nats_url"], worker_token.event))
                 write_profile(profile, {"worker_token": worker_token.secret})
@@ -159,8 +159,8 @@ def ensure_token(s: Settings, gateway_url: str, nats_url: str) -> str:
 
     from levers9.runtime.tokens import mint
 
-    if s.token and accepted(s.token):
-        return s.token
+    if s.client.token and accepted(s.client.token):
+        return s.client.token
     minted = mint(name="levers9 up")
     asyncio.run(publish_event(nats_url, minted.event))
     deadline = time.monotonic() + 20
@@ -229,7 +229,7 @@ def show_status(stack, json_out: bool) -> bool:
     s = settings()
     gateway = next((c.url for c in comps if c.name == "gateway"), "")
     if json_out:
-        doc = {"gateway_url": s.gateway_url or gateway,
+        doc = {"gateway_url": s.client.gateway_url or gateway,
                "components": [{"name": c.name, "healthy": c.healthy, "url": c.url, "detail": c.detail}
                               for c in comps]}
         out.print_json(json.dumps(doc))

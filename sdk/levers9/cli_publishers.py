@@ -24,7 +24,7 @@ publishers_app = typer.Typer(help="NATS credentials for systems that publish int
 def _issuer(s: Settings):  # -> levers9.runtime.nats_issuer.Issuer
     from levers9.runtime.nats_issuer import Issuer
 
-    issuer = Issuer(s.nats_issuer or s.home_path / "nats" / "auth")
+    issuer = Issuer(s.bus.issuer or s.home_path / "nats" / "auth")
     if not issuer.ready:
         fail(f"no NATS credentials in {issuer.dir}: run `levers9 up` (it starts NATS with authentication) "
              "on this machine first, with the same LEVERS9_HOME")

@@ -25,7 +25,7 @@ def ensure_keyring(s: Settings, profile: Path) -> bool:
     (`levers9 up`); True when it wrote one."""
     from levers9.runtime.sealing import rotated
 
-    if s.secret_key or s.secret_key_file:
+    if s.secrets.key or s.secrets.key_file:
         return False
     path = s.home_path / KEYRING_FILE
     if not path.exists():
@@ -42,14 +42,14 @@ def rotate_key(rewrap: bool = typer.Option(False, "--rewrap", help="rewrap every
     from levers9.runtime.sealing import rotated
 
     s = Settings.load()
-    if s.secret_key:
+    if s.secrets.key:
         fail("the keyring is given inline (LEVERS9_SECRET_KEY): rotate it where it is set, or use a keyring file "
              "(LEVERS9_SECRET_KEY_FILE) that this command can rewrite")
-    if not s.secret_key_file:
+    if not s.secrets.key_file:
         fail("no keyring file is configured: `levers9 up` writes one, or set LEVERS9_SECRET_KEY_FILE")
     if retire_old and not rewrap:
         fail("--retire-old needs --rewrap: a key may go only once no stored secret uses it")
-    path = Path(s.secret_key_file)
+    path = Path(s.secrets.key_file)
     try:
         old = keyring(s)
     except SecretKeyMissing as exc:

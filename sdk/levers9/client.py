@@ -106,7 +106,7 @@ class Client:
         from levers9.runtime.config import Settings
 
         s = Settings.load()
-        return cls(s.gateway_url, s.token)
+        return cls(s.client.gateway_url, s.client.token)
 
     def close(self) -> None:
         self._http.close()

@@ -222,7 +222,7 @@ class CheckpointStoreService(Service):
 
     async def checks(self) -> dict[str, str]:
         out = await super().checks()
-        if not self.settings.s3_endpoint:
+        if not self.settings.storage.s3_endpoint:
             out["s3"] = "LEVERS9_S3_ENDPOINT is not set"
             return out
         try:

@@ -113,7 +113,7 @@ async def catalogue_image(gw: GatewayState, flavor: str = "cpu") -> Any:
     at, image = _catalogue_images.get(flavor, (0.0, None))
     if time.monotonic() - at > CATALOGUE_TTL_S:
         try:
-            found = await newest_of(gw.settings, flavor) if gw.settings.s3_endpoint else None
+            found = await newest_of(gw.settings, flavor) if gw.settings.storage.s3_endpoint else None
         except Exception:  # noqa: BLE001 - S3 away or a bad document: the platform base, as with no catalogue
             found = None
         image = found.image if found is not None else None
@@ -181,7 +181,7 @@ class Sessions:
                           imports: list[str]) -> Callable[[], Awaitable[str]]:
         async def request() -> str:
             refs = await available_checkpoints(self.gw, dep) if dep.spec.checkpoint_enabled else ()
-            warm = msgspec.structs.replace(dep.spec.scaling, keep_warm_seconds=self.gw.settings.session_idle_seconds,
+            warm = msgspec.structs.replace(dep.spec.scaling, keep_warm_seconds=self.gw.settings.functions.session_idle_seconds,
                                            min_containers=0)
             kept = dataclasses.replace(dep, spec=msgspec.structs.replace(dep.spec, scaling=warm))
             event = msgspec.structs.replace(container_requested(kept, restore_choice(dep.spec, refs), uuid7()),
@@ -203,7 +203,7 @@ class Sessions:
 
     async def sweep(self, stop: asyncio.Event) -> None:
         """End sessions idle for longer than session_idle_seconds (a client that vanished)."""
-        idle = self.gw.settings.session_idle_seconds
+        idle = self.gw.settings.functions.session_idle_seconds
         while not stop.is_set():
             now = time.time()
             for s in list(self.by_id.values()):

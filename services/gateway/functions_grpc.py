@@ -105,7 +105,7 @@ class Functions(pb_grpc.FunctionsServicer):
 
     def python_of(self, own_base: bool) -> str:
         """The sandbox's major.minor: the platform base's; "" (unknown) for an image on a base of its own."""
-        return "" if own_base else self.gw.settings.sandbox_python
+        return "" if own_base else self.gw.settings.functions.sandbox_python
 
     async def EndSession(self, request: pb.EndSessionRequest, context: grpc.aio.ServicerContext) -> pb.EndSessionReply:
         who = await self.caller(context)
@@ -132,7 +132,7 @@ class Functions(pb_grpc.FunctionsServicer):
         plan = await self.plan(who, hello, context, queue)
         yield pb.ServerMessage(accepted=pb.Accepted(function_id=plan.dep.deployment_id,
                                                     correlation_id=plan.correlation_id,
-                                                    python=self.gw.settings.sandbox_python))
+                                                    python=self.gw.settings.functions.sandbox_python))
         async for message in self.serve(plan, requests, queue, hello.mode == "spawn"):
             yield message
 
@@ -256,15 +256,15 @@ async def serve(gw: GatewayState, stop: asyncio.Event) -> None:
     servicer = Functions(gw)
     gw.functions = servicer
     pb_grpc.add_FunctionsServicer_to_server(servicer, server)
-    address = f"{gw.settings.http_host}:{gw.settings.grpc_port}"
-    if gw.settings.grpc_tls_cert and gw.settings.grpc_tls_key:
-        with open(gw.settings.grpc_tls_key, "rb") as k, open(gw.settings.grpc_tls_cert, "rb") as c:
+    address = f"{gw.settings.process.http_host}:{gw.settings.functions.grpc_port}"
+    if gw.settings.functions.grpc_tls_cert and gw.settings.functions.grpc_tls_key:
+        with open(gw.settings.functions.grpc_tls_key, "rb") as k, open(gw.settings.functions.grpc_tls_cert, "rb") as c:
             credentials = grpc.ssl_server_credentials([(k.read(), c.read())])
         gw.grpc_port = server.add_secure_port(address, credentials)
     else:
         gw.grpc_port = server.add_insecure_port(address)
     await server.start()
-    log.info("function calls: gRPC on %s:%d (protocol %d, Python %s)", gw.settings.http_host, gw.grpc_port,
+    log.info("function calls: gRPC on %s:%d (protocol %d, Python %s)", gw.settings.process.http_host, gw.grpc_port,
              PROTOCOL, sys.version.split()[0])
     sessions = asyncio.create_task(servicer.sessions.sweep(stop))
     calls_log = asyncio.create_task(servicer.calls.publish_log(stop))

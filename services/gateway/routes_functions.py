@@ -29,9 +29,9 @@ HTTP_OF = {"NOT_FOUND": 404, "INVALID_ARGUMENT": 422, "FAILED_PRECONDITION": 409
 async def info(request: Request, caller: User, gw: Gateway) -> dict[str, Any]:
     if not getattr(gw, "grpc_port", 0):
         raise HTTPException(503, "the gateway's gRPC service is not up yet; try again")
-    host = request.url.hostname or gw.settings.http_host
-    return {"grpc_address": f"{host}:{gw.grpc_port}", "tls": bool(gw.settings.grpc_tls_cert),
-            "python": gw.settings.sandbox_python, "protocol": 1}
+    host = request.url.hostname or gw.settings.process.http_host
+    return {"grpc_address": f"{host}:{gw.grpc_port}", "tls": bool(gw.settings.functions.grpc_tls_cert),
+            "python": gw.settings.functions.sandbox_python, "protocol": 1}
 
 
 class Collected:
@@ -67,8 +67,8 @@ def arguments(body: bytes) -> bytes:
 @router.post("/function/{app}/{name}")
 async def call_function(app: str, name: str, request: Request, caller: User, gw: Gateway) -> JSONResponse:
     body = await request.body()
-    if len(body) > gw.settings.max_body_bytes:
-        raise HTTPException(413, f"the body is {len(body)} bytes; the limit is {gw.settings.max_body_bytes}")
+    if len(body) > gw.settings.gateway.max_body_bytes:
+        raise HTTPException(413, f"the body is {len(body)} bytes; the limit is {gw.settings.gateway.max_body_bytes}")
     functions = getattr(gw, "functions", None)
     if functions is None:
         raise HTTPException(503, "function calls are not up yet; try again")

@@ -111,8 +111,8 @@ STOPPING_RETRIES = 3
 async def invoke(gw: GatewayState, request: Request, caller: Caller, name: str, rest: str) -> Response:
     dep, subpath = await resolve(gw, caller.workspace, name, rest)
     length = int(request.headers.get("content-length") or 0)
-    if length > gw.settings.max_body_bytes:
-        raise HTTPException(413, f"the body is {length} bytes; the limit is {gw.settings.max_body_bytes}")
+    if length > gw.settings.gateway.max_body_bytes:
+        raise HTTPException(413, f"the body is {length} bytes; the limit is {gw.settings.gateway.max_body_bytes}")
     router_ = await gw.router_for(dep)
     correlation = uuid7()
     telemetry.correlation_id.set(correlation)  # this call's log lines carry it
@@ -142,7 +142,7 @@ async def invoke(gw: GatewayState, request: Request, caller: Caller, name: str, 
                                  "correlation_id": correlation}, status_code=502)
         try:
             response = await proxy.forward(gw.session, request, slot.address, subpath, timeout,
-                                           gw.settings.max_body_bytes, router_, slot)
+                                           gw.settings.gateway.max_body_bytes, router_, slot)
         except proxy.Unreached as exc:
             log.warning("container %s at %s: %s; the call goes elsewhere", slot.container_id, slot.address, exc)
             await router_.update(slot.container_id, "unreachable")

@@ -50,7 +50,7 @@ class GatewayService(Gateway):
         # every body is held to its route's limit and a JSON body checked (depth, UTF-8) before a route runs
         app.add_middleware(BodyLimits, limits=lambda: {"code_limit": routes_deployments.MAX_CODE_BYTES,
                                                        "file_limit": routes_volumes.MAX_PUT_BYTES,
-                                                       "call_limit": self.settings.max_body_bytes})
+                                                       "call_limit": self.settings.gateway.max_body_bytes})
         document(app)  # every status code a route answers is in /openapi.json
 
     async def on_stop(self) -> None:

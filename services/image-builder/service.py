@@ -207,7 +207,7 @@ class ImageBuilderService(Service):
 
     def scratch(self) -> str | None:
         """Where images are unpacked: the machine's image cache (large images), else the temp dir."""
-        path = Path(self.settings.image_cache) / "image-builder"
+        path = Path(self.settings.images.image_cache) / "image-builder"
         try:
             path.mkdir(parents=True, exist_ok=True)
             return str(path)

@@ -31,16 +31,16 @@ class NetnsBackend(LocalBackend):
         return self.home / "hosts" / "live"
 
     def urls(self) -> dict[str, str]:
-        return {key: getattr(self.settings, key) for key in hosts.URL_KEYS}
+        return {key: self.settings.get(key) for key in hosts.URL_KEYS}
 
     def where(self, worker_id: str, cmd: list[str], env: dict[str, str]) -> tuple[list[str], dict[str, str]]:
         s = self.settings
-        hosts.ensure_underlay(s.hosts_bridge, s.hosts_subnet, self.urls().values(), owner=self.markers)
-        plan = hosts.add_host(s.hosts_bridge, s.hosts_subnet, s.hosts_container_supernet, self.markers)
+        hosts.ensure_underlay(s.network.hosts_bridge, s.network.hosts_subnet, self.urls().values(), owner=self.markers)
+        plan = hosts.add_host(s.network.hosts_bridge, s.network.hosts_subnet, s.network.hosts_container_supernet, self.markers)
         self.hosts[worker_id] = plan
         # the worker's own server URLs (its database role's DSN), else this controller's
         urls = {key: env.get(f"LEVERS9_{key.upper()}") or url for key, url in self.urls().items()}
-        env = {**env, **hosts.host_env(plan, urls, s.hosts_subnet, self.home)}
+        env = {**env, **hosts.host_env(plan, urls, s.network.hosts_subnet, self.home)}
         return ["nsenter", f"--net={hosts.NETNS_DIR / plan.netns}", "--", *cmd], env
 
     def exited(self) -> list[str]:
@@ -59,7 +59,7 @@ class NetnsBackend(LocalBackend):
         plan = self.hosts.get(worker_id)
         if plan is None or not (hosts.NETNS_DIR / plan.netns).exists():
             return [], {}
-        env = hosts.host_env(plan, {}, self.settings.hosts_subnet, self.home)
+        env = hosts.host_env(plan, {}, self.settings.network.hosts_subnet, self.home)
         return ["nsenter", f"--net={hosts.NETNS_DIR / plan.netns}", "--"], env
 
     def host_of(self, worker_id: str) -> hosts.HostPlan | None:

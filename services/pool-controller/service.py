@@ -63,7 +63,7 @@ class PoolControllerService(Service):
 
     def __init__(self, settings: Settings) -> None:
         super().__init__(settings)
-        self.pools = load_pools(settings.pools_file)
+        self.pools = load_pools(settings.pools.file)
         self.backends: dict[str, Backend] = {}
         self.heartbeats = HeartbeatTable(lambda: self.bus)
         self.idle: dict[str, dict[str, float]] = {}  # pool -> worker -> idle since
@@ -80,7 +80,7 @@ class PoolControllerService(Service):
         for pool in self.pools.values():
             if pool.backend not in self.backends:
                 self.backends[pool.backend] = make_backend(pool.backend, self.settings.home_path,
-                                                           self.settings.nats_issuer, lambda: self.bus)
+                                                           self.settings.bus.issuer, lambda: self.bus)
 
     async def apply(self, p: Projection, batch: list[Delivery]) -> None:
         await super().apply(p, batch)

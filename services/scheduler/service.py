@@ -57,7 +57,7 @@ class SchedulerService(Service):
 
     def __init__(self, settings: Settings) -> None:
         # a backlog arrives in bursts: bigger batches are fewer pulls and projection transactions
-        super().__init__(settings.with_(fetch_batch=max(settings.fetch_batch, FETCH_BATCH)))
+        super().__init__(settings.with_(fetch_batch=max(settings.consumers.fetch_batch, FETCH_BATCH)))
         self.memory = Memory()
         self._placer: Placer | None = None
 

@@ -82,8 +82,8 @@ class WorkerService(Service):
         self.overtaken = Overtaken()
         self.prepare_error, self.criu_note = "", "not checked"
         self.gpus = NodeGpus(self.settings, self.state_dir)  # its cards (levers9.worker.gpus.node)
-        self.cache = NodeCache(Path(self.settings.image_cache) / "blobs", self.settings, self.settings.cache_max_bytes)
-        self.cache_url = f"http://{self.settings.http_host}:{self.settings.cache_port}"
+        self.cache = NodeCache(Path(self.settings.images.image_cache) / "blobs", self.settings, self.settings.images.cache_max_bytes)
+        self.cache_url = f"http://{self.settings.process.http_host}:{self.settings.images.cache_port}"
         self.sdk_dir = sdk_mount(self.settings.home_path)  # containers' /opt/levers9: the SDK alone
         self.checkpoints = Checkpoints(self)
         self.sandboxes = Sandboxes(self.settings, self.state_dir)
@@ -93,13 +93,13 @@ class WorkerService(Service):
         self.catalogue_check = CatalogueCheck(self.worker_id, self.settings, lambda env: self.bus.publish(env),
                                               lambda: (self.runtime.name, self.runtime.checkpoint_ready), self.ready,
                                               self.checkpoints.warm)
-        self.builds = Builds(self.worker_id, self.settings.registry, Path(self.settings.image_cache),
+        self.builds = Builds(self.worker_id, self.settings.registry.address, Path(self.settings.images.image_cache),
                              publish=lambda env: self.bus.publish(env), lanes=self.sandboxes.egress) \
-            if self.settings.worker_pool == BUILD_POOL else None
+            if self.settings.worker.pool == BUILD_POOL else None
 
     @property
     def worker_id(self) -> str:
-        return self.settings.worker_id or socket.gethostname().split(".")[0]
+        return self.settings.worker.id or socket.gethostname().split(".")[0]
 
     # ---- lifecycle -----------------------------------------------------------------------------
 
@@ -136,11 +136,11 @@ class WorkerService(Service):
     async def register(self) -> None:
         s = self.settings
         registered = E.WorkerRegistered(
-            worker_id=self.worker_id, pool=s.worker_pool,
-            cpu_millicores=s.worker_cpu_millicores or (os.cpu_count() or 1) * 1000,
-            memory_mib=s.worker_memory_mib or psutil.virtual_memory().total // (1 << 20),
+            worker_id=self.worker_id, pool=s.worker.pool,
+            cpu_millicores=s.worker.cpu_millicores or (os.cpu_count() or 1) * 1000,
+            memory_mib=s.worker.memory_mib or psutil.virtual_memory().total // (1 << 20),
             features=list(self.runtime.features) + (["criu"] if self.runtime.checkpoint_ready else []),
-            address=f"http://{s.http_host}:{s.http_port}", **(await self.gpus.register()))
+            address=f"http://{s.process.http_host}:{s.process.http_port}", **(await self.gpus.register()))
         env = envelope(registered, workspace=SYSTEM_WORKSPACE)
         await self.bus.publish(env)
         await self.bus.publish(envelope(E.WorkerReady(worker_id=self.worker_id), workspace=SYSTEM_WORKSPACE,
@@ -238,7 +238,7 @@ class WorkerService(Service):
                                   sdk_dir=self.sdk_dir,
                                   env=runner_env(c.spec, await self.secret_env(c.container_id, c.spec.secrets),
                                                  container_id=c.container_id, deployment_id=c.deployment_id,
-                                                 max_body_bytes=self.settings.max_body_bytes),
+                                                 max_body_bytes=self.settings.gateway.max_body_bytes),
                                   cpu_millicores=ev.resources.cpu_millicores, memory_mib=ev.resources.memory_mib,
                                   image=c.spec.image_ref, workspace=c.workspace, deployment_id=c.deployment_id,
                                   binds=await self.volumes.binds(c.workspace, c.container_id, c.spec, self.runtime),

@@ -146,7 +146,7 @@ def test_a_build_step_reaches_no_control_plane_port_and_no_host_address_but_the_
     from levers9.runtime.config import Settings
     from levers9.worker.network.bridge import bridge_address
 
-    bridge = str(bridge_address(Settings.load(hostile_env).bridge_subnet).ip)
+    bridge = str(bridge_address(Settings.load(hostile_env).network.bridge_subnet).ip)
     proxies = {k.split()[-1] for k in ports if k.startswith("worker[") and k.split()[-1].startswith(f"{bridge}:")}
     assert {t for t in targets if probe.get(t) == "connected"} <= proxies, probe
     assert set(targets) <= set(probe)

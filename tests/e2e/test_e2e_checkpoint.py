@@ -110,8 +110,8 @@ def test_restore_serves_the_state_built_by_on_start_and_a_tampered_checkpoint_fa
 async def tamper(endpoint: str, bucket: str, key: str, home: str) -> None:
     from levers9.runtime.config import Settings
     s = Settings.load(env={"LEVERS9_HOME": home})  # the profile's S3 keys: the stack's admin's
-    async with get_session().create_client("s3", endpoint_url=endpoint, aws_access_key_id=s.s3_access_key,
-                                           aws_secret_access_key=s.s3_secret_key, region_name=s.s3_region) as c:
+    async with get_session().create_client("s3", endpoint_url=endpoint, aws_access_key_id=s.storage.s3_access_key,
+                                           aws_secret_access_key=s.storage.s3_secret_key, region_name=s.storage.s3_region) as c:
         obj = await c.get_object(Bucket=bucket, Key=key)
         data = bytearray(await obj["Body"].read())
         data[len(data) // 2] ^= 0xFF

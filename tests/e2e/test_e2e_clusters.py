@@ -121,9 +121,9 @@ def stack(tmp_path_factory):
         cli(env, "up")
         urls = components(env)
         s = Settings.load(env={"LEVERS9_HOME": str(home)})
-        gw = hosts.ensure_underlay(s.hosts_bridge, s.hosts_subnet, [u for u in urls.values() if u])
+        gw = hosts.ensure_underlay(s.network.hosts_bridge, s.network.hosts_subnet, [u for u in urls.values() if u])
         marker = home / "hosts" / "live"
-        node, worker_host = (hosts.add_host(s.hosts_bridge, s.hosts_subnet, s.hosts_container_supernet, marker)
+        node, worker_host = (hosts.add_host(s.network.hosts_bridge, s.network.hosts_subnet, s.network.hosts_container_supernet, marker)
                              for _ in range(2))
         plans += [node, worker_host]
         yield {"env": env, "home": home, "urls": urls, "gw": gw, "node": node, "worker_host": worker_host,
@@ -147,8 +147,8 @@ def start_cluster(stack, token: str) -> None:
     home, s, gw = stack["home"], stack["settings"], stack["gw"]
     db = stack["urls"]["postgres"]
     pool_secret = home / "pool-secret.json"  # what the cluster's admin puts in the pool's Secret
-    pool_secret.write_text(json.dumps({"database_url": _rewrite(db, gw), "s3_access_key": s.s3_access_key,
-                                       "s3_secret_key": s.s3_secret_key}))
+    pool_secret.write_text(json.dumps({"database_url": _rewrite(db, gw), "s3_access_key": s.storage.s3_access_key,
+                                       "s3_secret_key": s.storage.s3_secret_key}))
     kubeconfig = home / "c1-kubeconfig.json"
     netns = f"--net=/run/netns/{stack['node'].netns}"
     log = (home / "fake-cluster.log").open("ab")
@@ -156,7 +156,7 @@ def start_cluster(stack, token: str) -> None:
         ["nsenter", netns, "--", sys.executable, str(FAKES / "fake_kubelet.py"), "--namespace", NS,
          "--worker-netns", stack["worker_host"].netns, "--state", str(home / "c1-node"),
          "--kubeconfig-out", str(kubeconfig), "--pool-secret", "levers9-pool", "--pool-secret-json", str(pool_secret),
-         "--hosts-subnet", s.hosts_subnet, "--supernet", s.hosts_container_supernet],
+         "--hosts-subnet", s.network.hosts_subnet, "--supernet", s.network.hosts_container_supernet],
         stdout=log, stderr=log, env={**stack["env"], "PYTHONUNBUFFERED": "1"}))
     wait_until(kubeconfig.exists, timeout=30)
     agent_log = (home / "agent.log").open("ab")

@@ -79,7 +79,7 @@ def cache_port(env) -> int:
     """The node cache port of this home's workers (`levers9 up` gives each home its own)."""
     from levers9.runtime.config import Settings
 
-    return Settings.load(env={"LEVERS9_HOME": env["LEVERS9_HOME"]}).cache_port
+    return Settings.load(env={"LEVERS9_HOME": env["LEVERS9_HOME"]}).images.cache_port
 
 
 def hosts(env) -> dict[str, dict]:

@@ -119,7 +119,7 @@ def test_a_hostile_container_reaches_nothing(env):
     peer_at = f"{peer.json()['ip']}:{peer.json()['port']}"
     cli(env, "deploy", str(APPS / "hostile.py"))
 
-    bridge = str(bridge_address(Settings.load(env).bridge_subnet).ip)
+    bridge = str(bridge_address(Settings.load(env).network.bridge_subnet).ip)
     listener = sentinel()
     try:
         ports = stack_ports(env)

@@ -119,8 +119,8 @@ async def s3_objects(endpoint: str, home: str) -> dict[str, bytes]:
 
     s = Settings.load(env={"LEVERS9_HOME": home})  # the profile's S3 keys: the stack's admin's
     out = {}
-    async with get_session().create_client("s3", endpoint_url=endpoint, aws_access_key_id=s.s3_access_key,
-                                           aws_secret_access_key=s.s3_secret_key, region_name=s.s3_region) as c:
+    async with get_session().create_client("s3", endpoint_url=endpoint, aws_access_key_id=s.storage.s3_access_key,
+                                           aws_secret_access_key=s.storage.s3_secret_key, region_name=s.storage.s3_region) as c:
         for b in (await c.list_buckets())["Buckets"]:
             async for page in c.get_paginator("list_objects_v2").paginate(Bucket=b["Name"]):
                 for o in page.get("Contents", []):

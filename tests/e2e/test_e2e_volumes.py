@@ -124,11 +124,11 @@ def test_a_cloud_bucket_is_read_and_written_through_s3fs(env):
     s = Settings.load(env={"LEVERS9_HOME": env["LEVERS9_HOME"]})
     s3 = botocore.session.get_session().create_client(
         "s3", endpoint_url=component_url(env, "s3"), region_name="us-east-1",
-        aws_access_key_id=s.s3_access_key, aws_secret_access_key=s.s3_secret_key)
+        aws_access_key_id=s.storage.s3_access_key, aws_secret_access_key=s.storage.s3_secret_key)
     s3.create_bucket(Bucket=BUCKET)
     s3.put_object(Bucket=BUCKET, Key="in.txt", Body=b"from S3")
     assert call(env, "POST", "/api/v1/secrets", json={"name": "BUCKET_CREDS",
-                                                        "value": f"{s.s3_access_key}:{s.s3_secret_key}"}).status_code == 201
+                                                        "value": f"{s.storage.s3_access_key}:{s.storage.s3_secret_key}"}).status_code == 201
     r = call(env, "POST", "/endpoint/bucket", json={"read": "in.txt", "write": "out.txt", "text": "from a container"})
     assert r.status_code == 200, r.text
     assert r.json()["read"] == "from S3" and "in.txt" in r.json()["listing"]

@@ -200,7 +200,7 @@ def test_bundle_names_its_criu_config(tmp_path):
 
 
 async def test_the_process_runtime_cannot_checkpoint(tmp_path):
-    rt = ProcessRuntime(tmp_path, Settings(runtime="process"))
+    rt = ProcessRuntime(tmp_path, Settings().with_(runtime="process"))
     assert rt.checkpoint_ready is False
     with pytest.raises(NotImplementedError, match="the process runtime cannot checkpoint"):
         await rt.checkpoint("x", tmp_path / "x.tar")
@@ -361,13 +361,13 @@ def mirror_unreachable() -> str | None:
 
 @pytest.fixture(scope="module")
 async def criu_rt(tmp_path_factory):
-    rt = RuncRuntime(tmp_path_factory.mktemp("ckpt-worker"), Settings(runtime="runc"))
+    rt = RuncRuntime(tmp_path_factory.mktemp("ckpt-worker"), Settings().with_(runtime="runc"))
     await rt.prepare()  # the base root: minutes once per machine, then cached
     try:
         info = await rt.enable_checkpoints()  # the private CRIU root: a minute once per machine
     except criu.CriuUnavailable as exc:
         why = mirror_unreachable()
-        if why and not criu.wrapper_path(Path(rt.settings.image_cache)).exists():
+        if why and not criu.wrapper_path(Path(rt.settings.images.image_cache)).exists():
             pytest.skip(f"no CRIU here ({exc}) and the Debian mirror cannot be reached to make one: {why}")
         raise
     assert criu.parse_version(f"Version: {info.version}") >= criu.MIN_VERSION
@@ -636,7 +636,7 @@ from levers9.worker.runtime.interface import ContainerSpec
 from levers9.worker.runtime.runc.runc_runtime import RuncRuntime
 
 state_dir, criu_binary, tar, cid, code, sdk = sys.argv[1:7]
-rt = RuncRuntime(Path(state_dir), Settings(runtime="runc"))
+rt = RuncRuntime(Path(state_dir), Settings().with_(runtime="runc"))
 rt.use_criu(CriuInfo(Path(criu_binary), "4.2", "Looks good."))
 rt.criu_log_limit = 1 << 40
 spec = ContainerSpec(container_id=cid, code_dir=Path(code), sdk_dir=Path(sdk), env={},

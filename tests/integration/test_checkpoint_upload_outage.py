@@ -21,7 +21,7 @@ from levers9.worker.images.node_cache import NodeCache, cache_app
 
 async def test_an_upload_to_an_unreachable_s3_raises_a_transient_error_not_a_failure(tmp_path):
     down = f"http://127.0.0.1:{free_port()}"  # nothing listens there
-    s = Settings(s3_endpoint=down, secret_key=sealing.dump_keyring(sealing.rotated(None)))
+    s = Settings().with_(s3_endpoint=down, secret_key=sealing.dump_keyring(sealing.rotated(None)))
     plain = os.urandom(1 << 16)
     sha = hashlib.sha256(plain).hexdigest()
     node = NodeCache(tmp_path / "node", s, max_bytes=1 << 30)

@@ -57,7 +57,7 @@ BRIDGE, SUBNET = "l9bldt0", "10.219.9.0/28"
 @pytest.fixture
 async def lanes(servers, tmp_path):
     """The build worker's egress proxy and step namespaces, on the test's bridge."""
-    settings = Settings(bridge_name=BRIDGE, bridge_subnet=SUBNET, nats_url=servers.get("nats_url", ""),
+    settings = Settings().with_(bridge_name=BRIDGE, bridge_subnet=SUBNET, nats_url=servers.get("nats_url", ""),
                         registry=servers.get("registry", ""))
     egress = Egress(settings, tmp_path)
     stop = asyncio.Event()

@@ -54,7 +54,7 @@ async def test_packages_install_in_a_confined_container_into_the_sandboxes_cache
     (code / "evilpkg" / "evilmod").mkdir(parents=True)
     (code / "evilpkg" / "evilmod" / "__init__.py").write_text("EVIL = 1\n")
     (code / "evilpkg" / "setup.py").write_text(SETUP.format(marker=str(marker)))
-    settings = Settings(bridge_name=BRIDGE, bridge_subnet=SUBNET, home=str(tmp_path / "home"),
+    settings = Settings().with_(bridge_name=BRIDGE, bridge_subnet=SUBNET, home=str(tmp_path / "home"),
                         image_cache=str(IMAGE_CACHE))
     runtime = RuncRuntime(tmp_path / "state", settings)
     sandboxes = Sandboxes(settings, tmp_path / "state")

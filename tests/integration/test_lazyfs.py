@@ -43,7 +43,7 @@ BUCKET = "images-test"
 
 
 def s3_settings(servers, image_cache: Path) -> Settings:
-    return Settings(s3_endpoint=servers["s3_endpoint"], s3_access_key=servers["s3_access_key"],
+    return Settings().with_(s3_endpoint=servers["s3_endpoint"], s3_access_key=servers["s3_access_key"],
                     s3_secret_key=servers["s3_secret_key"], image_cache=str(image_cache))
 
 
@@ -215,7 +215,7 @@ async def test_s3_out_at_acquire_fails_the_container_with_the_cause(servers, tmp
 @pytest.fixture(scope="module")
 def base() -> Path:
     """The machine's base root fs (built once per machine, as a worker would: minutes the first time)."""
-    return rootfs.ensure_base_rootfs(Path(Settings().image_cache))
+    return rootfs.ensure_base_rootfs(Path(Settings().images.image_cache))
 
 
 def copy_from(base: Path, rel: str, dest: Path) -> None:
@@ -249,7 +249,7 @@ async def test_a_runc_container_runs_on_a_lazy_image_and_fails_when_its_server_d
     ref = ImageRef(image_id=image_id, archive=await upload_image(settings, image, image_id, BUCKET, chunk_size=CHUNK))
     (tmp_path / "code").mkdir()
     (tmp_path / "sdk").mkdir()
-    rt = RuncRuntime(tmp_path / "worker", Settings(runtime="runc"))
+    rt = RuncRuntime(tmp_path / "worker", Settings().with_(runtime="runc"))
     await rt.prepare()
     blobs = tmp_path / "cache" / "blobs"
     async with CacheServer(blobs, settings) as cache:
@@ -290,7 +290,7 @@ async def test_a_checkpoint_records_its_image_and_restores_only_onto_it(servers,
     ref = ImageRef(image_id=image_id, archive=await upload_image(settings, image, image_id, BUCKET, chunk_size=CHUNK))
     (tmp_path / "code").mkdir()
     (tmp_path / "sdk").mkdir()
-    rt = RuncRuntime(tmp_path / "worker", Settings(runtime="runc"))
+    rt = RuncRuntime(tmp_path / "worker", Settings().with_(runtime="runc"))
     await rt.prepare()
     await rt.enable_checkpoints()
 

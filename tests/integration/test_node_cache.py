@@ -32,7 +32,7 @@ def test_eviction_frees_enough_and_least_recently_used_first(sizes, max_bytes, i
 
 
 def s3_settings(servers) -> Settings:
-    return Settings(s3_endpoint=servers["s3_endpoint"], s3_access_key=servers["s3_access_key"],
+    return Settings().with_(s3_endpoint=servers["s3_endpoint"], s3_access_key=servers["s3_access_key"],
                     s3_secret_key=servers["s3_secret_key"])
 
 

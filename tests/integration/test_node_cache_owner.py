@@ -12,7 +12,7 @@ from levers9.worker.images.node_cache import CacheTaken, NodeCache, cache_app, s
 
 
 async def test_a_cache_of_another_home_is_refused_and_one_of_ours_is_shared(tmp_path):
-    ours, theirs = Settings(s3_endpoint="http://127.0.0.1:1111"), Settings(s3_endpoint="http://127.0.0.1:2222")
+    ours, theirs = Settings().with_(s3_endpoint="http://127.0.0.1:1111"), Settings().with_(s3_endpoint="http://127.0.0.1:2222")
     cache = NodeCache(tmp_path / "blobs", theirs, max_bytes=1 << 20)
     try:
         async with serving(cache_app(cache)) as url:

@@ -20,7 +20,7 @@ BUCKET = "sealing-test"
 
 
 def settings_of(servers, ring: sealing.Keyring | None) -> Settings:
-    return Settings(s3_endpoint=servers["s3_endpoint"], s3_access_key=servers["s3_access_key"],
+    return Settings().with_(s3_endpoint=servers["s3_endpoint"], s3_access_key=servers["s3_access_key"],
                     s3_secret_key=servers["s3_secret_key"],
                     secret_key=sealing.dump_keyring(ring) if ring else "")
 

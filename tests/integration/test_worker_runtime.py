@@ -175,7 +175,7 @@ async def kind(request) -> Kind:
 @pytest.fixture
 async def rt(kind: Kind, tmp_path):
     """A fresh runtime on its own state dir (runc's base root is built once per machine, then cached)."""
-    runtime = kind.make(tmp_path / "worker", Settings(runtime=kind.name))
+    runtime = kind.make(tmp_path / "worker", Settings().with_(runtime=kind.name))
     await runtime.prepare()
     yield runtime
     for cid in runtime.running():
@@ -285,7 +285,7 @@ class TestEveryRuntime(RuntimeContract):
 
 async def test_process_runtime_puts_the_sdk_first_on_pythonpath(tmp_path, app_dirs):
     code, sdk = app_dirs
-    rt = ProcessRuntime(tmp_path / "worker", Settings(runtime="process"))
+    rt = ProcessRuntime(tmp_path / "worker", Settings().with_(runtime="process"))
     await rt.prepare()
     spec = spec_of(code, sdk, ("python3", "app.py"))
     started = await rt.start(spec)
@@ -303,7 +303,7 @@ needs_runc = pytest.mark.skipif(bool(runc_missing()), reason=f"real containers: 
 @needs_runc
 async def test_runc_container_sees_only_its_app_with_limits(tmp_path, app_dirs):
     code, sdk = app_dirs
-    rt = RuncRuntime(tmp_path / "worker", Settings(runtime="runc"))
+    rt = RuncRuntime(tmp_path / "worker", Settings().with_(runtime="runc"))
     await rt.prepare()
     secret = Path("/tmp") / f"levers9-host-secret-{uuid.uuid4().hex}"
     secret.write_text("host only")

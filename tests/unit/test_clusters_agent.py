@@ -31,7 +31,7 @@ from levers9.runtime.config import Settings
 NS = "levers9-agent"
 POOL = PoolConfig("edge", backend="cluster", cluster="c1", worker_cpu_millicores=2000, worker_memory_mib=2048,
                   worker_secret="levers9-pool", namespace="platform-ns-never-sent")
-LOCAL = Settings(nats_url="nats://127.0.0.1:4222", gateway_url="http://127.0.0.1:8000",
+LOCAL = Settings().with_(nats_url="nats://127.0.0.1:4222", gateway_url="http://127.0.0.1:8000",
                  s3_endpoint="http://127.0.0.1:8333", registry="127.0.0.1:5000",
                  **{c: MARK + c for c in CREDENTIALS})
 

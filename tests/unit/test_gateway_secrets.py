@@ -22,7 +22,7 @@ def gateway(tmp_path, with_key: bool = True) -> GatewayService:
     keys = tmp_path / "keys.json"
     if with_key:
         S.write_keyring(keys, sealing.rotated(None))
-    g = GatewayService(Settings(secret_key_file=str(keys)))
+    g = GatewayService(Settings().with_(secret_key_file=str(keys)))
     g.pool = FakePool()
     g.bus = FakeBus(g)
     g.tokens = {token_hash(USER): Caller(workspace="default", token_id="u"),

@@ -177,7 +177,7 @@ def spec(gpu_count: int, checkpoint: bool = True):
 
 async def test_node_gpus_with_a_configured_inventory(tmp_path, monkeypatch):
     monkeypatch.setattr(gpu_node, "read_nvml", lambda: None)
-    node = gpu_node.NodeGpus(Settings(worker_gpu_type="H100", worker_gpu_count=2, image_cache=str(tmp_path)), tmp_path)
+    node = gpu_node.NodeGpus(Settings().with_(worker_gpu_type="H100", worker_gpu_count=2, image_cache=str(tmp_path)), tmp_path)
     assert await node.register() == {"gpu_type": "H100", "gpu_count": 2, "gpu_source": CONFIGURED,
                                      "gpu_ids": ["0", "1"], "gpu_driver": ""}
     a, b = node.take("a", spec(1)), node.take("b", spec(1))

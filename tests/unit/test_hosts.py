@@ -88,7 +88,7 @@ def test_a_hosts_worker_gets_no_loopback_url_and_its_own_bridge(tmp_path):
     assert env["LEVERS9_BRIDGE_SUBNET"] == "10.209.3.0/24" and env["LEVERS9_BRIDGE_NAME"] == "l9hbr3"
     assert env["LEVERS9_CACHE_DIR"].startswith(str(tmp_path))
     settings = Settings.load(env=env, profile=tmp_path / "none.toml")  # the names are real settings
-    assert settings.host_address == "10.210.0.4" and settings.cache_dir == env["LEVERS9_CACHE_DIR"]
+    assert settings.network.host_address == "10.210.0.4" and settings.images.cache_dir == env["LEVERS9_CACHE_DIR"]
 
 
 def test_the_underlay_publishes_only_the_given_ports_and_drops_the_rest():
@@ -157,7 +157,7 @@ def test_the_netns_backend_runs_the_worker_in_its_host_with_underlay_urls(tmp_pa
     monkeypatch.setattr(hosts, "ensure_underlay", lambda bridge, subnet, urls, owner="": made.append(f"underlay {bridge}"))
     monkeypatch.setattr(hosts, "add_host", lambda bridge, subnet, sup, markers: hosts.host_plan(2, subnet, sup))
     monkeypatch.setattr(hosts, "remove_host", lambda plan: made.append(f"removed {plan.netns}"))
-    settings = Settings(home=str(tmp_path), nats_url="nats://127.0.0.1:4222", gateway_url="http://127.0.0.1:9")
+    settings = Settings().with_(home=str(tmp_path), nats_url="nats://127.0.0.1:4222", gateway_url="http://127.0.0.1:9")
     backend = mod.NetnsBackend(tmp_path, settings=settings)
     cmd, env = backend.where("w1", ["python", "-m", "levers9"], {"LEVERS9_HTTP_HOST": "127.0.0.1"})
     assert cmd[:3] == ["nsenter", "--net=/run/netns/l9h-2", "--"] and cmd[3:] == ["python", "-m", "levers9"]

@@ -15,7 +15,6 @@ import json
 import time
 import urllib.error
 import urllib.request
-from dataclasses import fields
 
 import pytest
 from fakes.fake_k8s_api import FakeKubernetesAPI, schema_errors
@@ -35,14 +34,14 @@ from levers9.runtime.nats_issuer import Issuer
 
 NS = "levers9-workers"
 # Settings that are credentials of the platform: no worker pod may get one from the controller
-SETTINGS = Settings(nats_url="nats://nats.levers9.svc:4222", gateway_url="http://gateway.levers9.svc:8080",
+SETTINGS = Settings().with_(nats_url="nats://nats.levers9.svc:4222", gateway_url="http://gateway.levers9.svc:8080",
                     s3_endpoint="http://s3.levers9.svc:8333", **{c: MARK + c for c in CREDENTIALS})
 GPU_POOL = PoolConfig("gpu", backend="kubernetes", gpu_type="H100", gpus_per_worker=2, worker_cpu_millicores=4000,
                       worker_memory_mib=8192, worker_secret="levers9-pool-gpu", min_warm=0, idle_timeout_s=0)
 
 
 def test_credentials_are_settings_and_none_is_allowed():
-    names = {f.name for f in fields(Settings)}
+    names = set(Settings.names())
     assert set(CREDENTIALS) <= names
     assert set(M.WORKER_SETTINGS) <= names
     assert not set(CREDENTIALS) & set(M.WORKER_SETTINGS)
@@ -190,7 +189,7 @@ def test_start_creates_its_secret_and_a_valid_privileged_pod(fake, backend, issu
     assert pod["metadata"]["labels"][M.LABEL_POOL] == "gpu" and pod["metadata"]["labels"][M.LABEL_WORKER] == "gpu-0001"
     assert MARK not in json.dumps(pod) and MARK not in json.dumps(secret)
     env = {e["name"]: e for e in container["env"]}
-    assert env["LEVERS9_NATS_URL"]["value"] == SETTINGS.nats_url
+    assert env["LEVERS9_NATS_URL"]["value"] == SETTINGS.bus.nats_url
     assert env["LEVERS9_DATABASE_URL"]["valueFrom"]["secretKeyRef"] == {
         "name": "levers9-pool-gpu", "key": "database_url", "optional": False}
     assert env["LEVERS9_WORKER_TOKEN"]["valueFrom"]["secretKeyRef"] == {"name": name, "key": "token"}
@@ -388,7 +387,7 @@ async def test_the_controller_provisions_stops_idle_and_declares_lost_pods(fake,
                           'worker_secret = "levers9-pool-gpu"\nmin_warm = 0\nidle_timeout_s = 0\n')
     b = KubernetesBackend(SETTINGS, str(issuer.dir), _api(fake.url), watch_timeout_s=1)
     monkeypatch.setattr(svc, "make_backend", lambda *a: b)
-    controller = svc.PoolControllerService(Settings(pools_file=str(pools_file), home=str(tmp_path)))
+    controller = svc.PoolControllerService(Settings().with_(pools_file=str(pools_file), home=str(tmp_path)))
     controller.pool, controller.bus = FakeDB(), FakeBus()  # type: ignore[assignment]
     await controller.on_start()
     pool = controller.pools["gpu"]

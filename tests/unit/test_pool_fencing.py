@@ -80,7 +80,7 @@ def test_a_netns_hosts_reaper_enters_its_host_while_the_host_is_there(tmp_path, 
     from levers9.runtime.config import Settings
 
     monkeypatch.setattr(hosts, "NETNS_DIR", tmp_path / "netns")
-    settings = Settings(hosts_subnet="10.210.0.0/24", hosts_container_supernet="10.209.0.0/16")
+    settings = Settings().with_(hosts_subnet="10.210.0.0/24", hosts_container_supernet="10.209.0.0/16")
     backend = NetnsBackend(tmp_path, settings=settings)
     plan = hosts.host_plan(3, "10.210.0.0/24", "10.209.0.0/16")
     backend.hosts["w3"] = plan

@@ -139,7 +139,7 @@ def test_keyring_texts_parse_and_dump():
 
 def test_the_keyring_file_is_reread_when_it_changes(tmp_path):
     path = tmp_path / "keys.json"
-    s = Settings(secret_key_file=str(path))
+    s = Settings().with_(secret_key_file=str(path))
     with pytest.raises(S.SecretKeyMissing, match="cannot be read"):
         S.keyring(s)
     S.write_keyring(path, RING)

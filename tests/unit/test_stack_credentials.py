@@ -155,9 +155,9 @@ def test_a_service_never_takes_credentials_from_the_profile(tmp_path):
     profile.write_text('s3_access_key = "ADMIN"\ntoken = "l9_admin"\nworker_token = "wt"\nnats_auth = "on"\n')
     client = Settings.load(env={"LEVERS9_HOME": str(tmp_path)})
     service = Settings.load(env={"LEVERS9_HOME": str(tmp_path), "LEVERS9_SERVICE": "gateway"})
-    assert (client.s3_access_key, client.token, client.worker_token) == ("ADMIN", "l9_admin", "wt")
-    assert (service.s3_access_key, service.token, service.worker_token) == ("", "", "")
-    assert service.nats_auth == "on"  # what is not a credential still comes from the profile
+    assert (client.storage.s3_access_key, client.client.token, client.worker.token) == ("ADMIN", "l9_admin", "wt")
+    assert (service.storage.s3_access_key, service.client.token, service.worker.token) == ("", "", "")
+    assert service.bus.auth is True  # what is not a credential still comes from the profile
 
 
 def test_compose_takes_every_credential_from_the_generated_env(tmp_path):

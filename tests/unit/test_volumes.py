@@ -193,7 +193,7 @@ def test_juicefs_urls():
     assert meta_url("postgresql://postgres@127.0.0.1:5999/levers9") == \
         "postgres://postgres@127.0.0.1:5999/levers9?sslmode=disable&search_path=juicefs"
     assert "sslmode=require" in meta_url("postgres://u:p@db:5432/x?sslmode=require")
-    assert bucket_url("http://127.0.0.1:8333/", Settings().volumes_bucket) == "http://127.0.0.1:8333/levers9-volumes"
+    assert bucket_url("http://127.0.0.1:8333/", Settings().storage.volumes_bucket) == "http://127.0.0.1:8333/levers9-volumes"
     with pytest.raises(RuntimeError, match="postgres"):
         meta_url("sqlite:///x.db")
 
@@ -232,7 +232,7 @@ def test_the_juicefs_daemon_gets_no_settings_of_its_parent(monkeypatch):
     monkeypatch.setenv("LEVERS9_SERVICE", "worker")
     env = juicefs._env()
     assert "LEVERS9_SECRET_KEY" not in env and env["LEVERS9_HOME"] == "/h" and env["LEVERS9_SERVICE"] == "worker"
-    args = juicefs.mount_args(Settings(database_url="postgresql://p@127.0.0.1:1/l"), Path("/m"), Path("/c"),
+    args = juicefs.mount_args(Settings().with_(database_url="postgresql://p@127.0.0.1:1/l"), Path("/m"), Path("/c"),
                               Path("/l"))
     assert {"--no-usage-report", "--no-agent"} <= set(args) and args[args.index("--backup-meta") + 1] == "0"
 
@@ -241,7 +241,7 @@ async def test_a_bucket_endpoint_on_this_host_or_its_containers_is_refused():
     from levers9.runtime.config import Settings
     from levers9.worker.mounts.volumes import endpoint_refusal
 
-    s = Settings(bridge_subnet="10.209.0.0/24")
+    s = Settings().with_(bridge_subnet="10.209.0.0/24")
     assert await endpoint_refusal("", s) == ""  # the platform's own S3
     for url in ("http://127.0.0.1:5432", "http://localhost:4222", "http://169.254.169.254", "http://10.209.0.1:80",
                 "http://[::1]:9000", "http://0.0.0.0:2050"):

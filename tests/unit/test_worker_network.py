@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from levers9.runtime.config import Settings
+from levers9.runtime.config import SettingError, Settings
 from levers9.worker.images.cache_server import bind_unless_taken
 from levers9.worker.network import bridge as network
 from levers9.worker.network.bridge import AddressesExhausted, Ipam, Names, bridge_address, next_free_address
@@ -142,11 +142,11 @@ def test_host_mirror_reads_etc_apt(tmp_path):
 
 
 def test_choose_runtime(tmp_path):
-    rt, note = choose_runtime(Settings(runtime="process"), tmp_path)
+    rt, note = choose_runtime(Settings().with_(runtime="process"), tmp_path)
     assert rt.name == "process" and rt.features == ["process"] and "no isolation" in note
-    with pytest.raises(RuntimeError, match="unknown runtime"):
-        choose_runtime(Settings(runtime="docker"), tmp_path)
-    auto, note = choose_runtime(Settings(runtime="auto"), tmp_path)
+    with pytest.raises(SettingError, match="use one of auto | runc | process"):
+        choose_runtime(Settings().with_(runtime="docker"), tmp_path)
+    auto, note = choose_runtime(Settings().with_(runtime="auto"), tmp_path)
     assert auto.name == ("process" if runc_missing() else "runc"), note
 
 

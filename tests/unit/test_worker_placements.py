@@ -80,7 +80,7 @@ RING = sealing.dump_keyring(sealing.rotated(None))
 @pytest.fixture
 def worker(tmp_path) -> WorkerService:
     # a worker of the platform's machine: it holds the secrets keyring (it opens sealed checkpoints)
-    w = WorkerService(Settings(home=str(tmp_path), worker_id="w1", image_cache=str(tmp_path / "cache"),
+    w = WorkerService(Settings().with_(home=str(tmp_path), worker_id="w1", image_cache=str(tmp_path / "cache"),
                                gateway_url="http://gateway.test", worker_token="t0k", secret_key=RING))
     w.bus = FakeBus()
     w.runtime = FakeRuntime(tmp_path)

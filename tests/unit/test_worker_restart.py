@@ -89,7 +89,7 @@ async def test_the_reaper_kills_a_run_declared_lost_while_alive_then_removes_wha
     (state_dir / "containers" / "c-left").mkdir(parents=True)
     proc = _holder(state_dir)
     try:
-        removed = await reap(Settings(home=str(tmp_path), runtime="process"), "w-lost")
+        removed = await reap(Settings().with_(home=str(tmp_path), runtime="process"), "w-lost")
         assert proc.wait(timeout=10) is not None  # killed: a lost run must not go on running its containers
     finally:
         if proc.poll() is None:
@@ -97,7 +97,7 @@ async def test_the_reaper_kills_a_run_declared_lost_while_alive_then_removes_wha
             proc.wait()
     assert removed == ["c-left"] and not (state_dir / "containers" / "c-left").exists()
     assert try_run_lock(state_dir) is not None  # and it let go of the lock
-    assert await reap(Settings(home=str(tmp_path), runtime="process"), "never-ran") == []
+    assert await reap(Settings().with_(home=str(tmp_path), runtime="process"), "never-ran") == []
 
 
 def test_kill_tree_does_not_wait_on_a_zombie_it_cannot_reap():

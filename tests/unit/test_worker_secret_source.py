@@ -21,7 +21,7 @@ def running() -> Running:
 
 
 async def test_with_the_keyring_it_opens_its_projection_and_says_what_is_missing():
-    s = Settings(secret_key=RING)
+    s = Settings().with_(secret_key=RING)
     sealed = encrypt(s, "acme", "API_KEY", "v1")
 
     async def rows(workspace, names):
@@ -36,7 +36,7 @@ async def test_with_the_keyring_it_opens_its_projection_and_says_what_is_missing
 
 
 async def test_without_the_keyring_it_asks_the_gateway_with_its_token_for_that_placement():
-    s = Settings(gateway_url="http://gw", worker_token="l9_worker")
+    s = Settings().with_(gateway_url="http://gw", worker_token="l9_worker")
     seen: list[httpx.Request] = []
 
     def gateway(request: httpx.Request) -> httpx.Response:

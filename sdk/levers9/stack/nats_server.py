@@ -27,12 +27,12 @@ def launch(home: Home, settings: Settings, progress: Progress) -> Launch:
     store = marker(home.path)
     Path(store).mkdir(parents=True, exist_ok=True)
     cmd = [binary("nats-server"), "-a", LOCALHOST, "-p", str(port), "-js", "-sd", store, "-m", str(monitor)]
-    auth = settings.nats_auth == "on"
+    auth = settings.bus.auth is True
     if auth:
         cmd += ["-c", str(write_config(home.path, settings))]
     progress(f"nats: starting on {LOCALHOST}:{port}" + (" with authentication" if auth else ""))
     proc, offset = home.spawn("nats", cmd)
-    scheme = "tls" if auth and settings.nats_tls_cert and settings.nats_tls_key else "nats"
+    scheme = "tls" if auth and settings.bus.tls_cert and settings.bus.tls_key else "nats"
     entry = {"pid": proc.pid, "port": port, "monitor_port": monitor, "external": False,
              "url": f"{scheme}://{LOCALHOST}:{port}", "auth": auth}
     return Launch("nats", proc, offset, entry, lambda: healthy(monitor))
@@ -48,7 +48,7 @@ def write_config(home: Path, settings: Settings) -> Path:
     """Keys and credentials made if missing, and the server's auth config written from them."""
     iss = issuer(home)
     iss.ensure()
-    return iss.write_server_config(tls_cert=settings.nats_tls_cert, tls_key=settings.nats_tls_key)
+    return iss.write_server_config(tls_cert=settings.bus.tls_cert, tls_key=settings.bus.tls_key)
 
 
 def reload(home: Path, pid: int, settings: Settings) -> None:

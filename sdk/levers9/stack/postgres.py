@@ -44,7 +44,7 @@ def launch(home: Home, settings: Settings, progress: Progress) -> Launch:
     elif account:  # a directory above may have lost o+x since (pytest resets its temporary root to 0700)
         _make_traversable(data, home.path, account)
     _remove_stale_postmaster_pid(data, progress)
-    _write_auth(data, account, settings.hosts_subnet)
+    _write_auth(data, account, settings.network.hosts_subnet)
     passwords = credentials.ensure(home.path)["postgres"]
     port = free_port()
     sockets = socket_dir(home.path)

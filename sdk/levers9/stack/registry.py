@@ -48,7 +48,7 @@ def launch(home: Home, settings: Settings, progress: Progress) -> Launch:
     passwords = credentials.ensure(home.path)["registry"]
     write_htpasswd(root / "htpasswd", passwords)
     config = write_config(root, port)
-    write_auth_files(home.path, [f"{LOCALHOST}:{port}", *_underlay(settings.hosts_subnet, port)], passwords)
+    write_auth_files(home.path, [f"{LOCALHOST}:{port}", *_underlay(settings.network.hosts_subnet, port)], passwords)
     progress(f"registry: starting on {LOCALHOST}:{port}")
     # REGISTRY_* variables override its config (REGISTRY_AUTH_FILE, meant for buildah, would be `auth.file`)
     env = {k: v for k, v in os.environ.items() if not k.startswith("REGISTRY_")}

@@ -45,7 +45,7 @@ def launch(home: Home, settings: Settings, progress: Progress) -> Launch:
     proc, offset = home.spawn("s3", cmd)
     url = f"http://{LOCALHOST}:{ports['s3']}"
     entry = {"pid": proc.pid, "port": ports["s3"], "ports": ports, "external": False, "url": url, "roles": True,
-             "home": str(home.path), "buckets": [settings.volumes_bucket, PLATFORM_BUCKET]}
+             "home": str(home.path), "buckets": [settings.storage.volumes_bucket, PLATFORM_BUCKET]}
     return Launch("s3", proc, offset, entry, lambda: ready(url, ports["master"]))
 
 
@@ -111,7 +111,7 @@ def identities(creds: dict, volumes_bucket: str) -> dict:
 
 def _identities(home: Home, settings: Settings) -> Path:
     """The -s3.config file, 0600."""
-    doc = identities(credentials.ensure(home.path), settings.volumes_bucket)
+    doc = identities(credentials.ensure(home.path), settings.storage.volumes_bucket)
     path = home.path / "run" / "s3-identities.json"
     credentials.write_private(path, json.dumps(doc))
     return path

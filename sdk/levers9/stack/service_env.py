@@ -29,9 +29,9 @@ def service_env(files: Home, settings: Settings, name: str, port: int, urls: dic
            **{f"LEVERS9_{key.upper()}": url for key, url in urls.items() if key != "database_url"},
            "LEVERS9_SERVICE": name, "LEVERS9_HTTP_PORT": str(port), "LEVERS9_HOME": str(files.path)}
     if name == "worker":
-        env["LEVERS9_WORKER_ID"] = settings.worker_id or "local-1"
+        env["LEVERS9_WORKER_ID"] = settings.worker.id or "local-1"
     if name in credentials.NEEDS:
-        env.update(role_env(files, settings, name, urls, settings.worker_pool))
+        env.update(role_env(files, settings, name, urls, settings.worker.pool))
     env.update(extra_env or {})
     env.update(nats_server.service_env(files.path, files.read_state()["components"].get("nats"), name,
                                        env.get("LEVERS9_WORKER_ID", "")))
@@ -51,15 +51,15 @@ def role_env(files: Home, settings: Settings, role: str, urls: dict[str, str], p
     home = files.path
     creds = credentials.ensure(home)
     external = {"LEVERS9_DATABASE_URL": urls.get("database_url", ""),
-                "LEVERS9_S3_ACCESS_KEY": s.s3_access_key, "LEVERS9_S3_SECRET_KEY": s.s3_secret_key}
+                "LEVERS9_S3_ACCESS_KEY": s.storage.s3_access_key, "LEVERS9_S3_SECRET_KEY": s.storage.s3_secret_key}
     auth_files = ({user: str(registry.auth_file(home, user)) for user in credentials.REGISTRY_USERS}
                   if own("registry") else {})
     directory = credentials.credentials_dir(home)
     given = credentials.Given(
         admin_dsn=urls.get("database_url", ""), own_postgres=own("postgres"), own_s3=own("s3"),
         registry_auth_files=auth_files, external=external, worker_credentials=str(directory),
-        keyring={"LEVERS9_SECRET_KEY": s.secret_key, "LEVERS9_SECRET_KEY_FILE": s.secret_key_file},
-        worker_token=s.worker_token)
+        keyring={"LEVERS9_SECRET_KEY": s.secrets.key, "LEVERS9_SECRET_KEY_FILE": s.secrets.key_file},
+        worker_token=s.worker.token)
     if role == "pool-controller":  # its workers' are written to files; its worker_token is not theirs
         for worker_pool in ("", credentials.BUILD_POOL):
             worker = credentials.role_env("worker", creds, given._replace(worker_token=""), worker_pool)
@@ -75,7 +75,7 @@ def write_admin_profile(files: Home, settings: Settings, state: dict) -> None:
         return
     key = credentials.ensure(files.path)["s3"][credentials.ADMIN]
     values = {"s3_access_key": key["access_key"], "s3_secret_key": key["secret_key"]}
-    if {k: getattr(settings, k) for k in values} != values:
+    if {k: settings.get(k) for k in values} != values:
         write_profile(files.path / "config.toml", values)
 
 

@@ -198,7 +198,7 @@ class Stack:
 
     def _existing_server(self, name: str, state: dict, progress: Progress) -> dict | None:
         """The entry of an external or already running server, or None when it must be started."""
-        external = getattr(self.settings, LAUNCHERS[name].url_key)
+        external = self.settings.get(LAUNCHERS[name].url_key)
         if external:
             progress(f"{name}: using external {external}")
             return {"url": external, "external": True, "pid": None, "port": port_of(external)}
@@ -322,7 +322,7 @@ class Stack:
         (started before it existed, or with only the three given) still runs every other service."""
         urls = {}
         for name, server in LAUNCHERS.items():
-            url = getattr(self.settings, server.url_key) or state["components"].get(name, {}).get("url")
+            url = self.settings.get(server.url_key) or state["components"].get(name, {}).get("url")
             if url:
                 urls[server.url_key] = url
             elif name not in OPTIONAL_SERVERS:
@@ -331,7 +331,7 @@ class Stack:
         return urls
 
     def _healthz(self, port: int, timeout: float = 1.0) -> bool:
-        host = self.settings.http_host
+        host = self.settings.process.http_host
         host = LOCALHOST if host in ("", "0.0.0.0", "::") else host
         return http_status(f"http://{host}:{port}/healthz", timeout) == 200
 
@@ -444,7 +444,7 @@ class Stack:
             return
         s = self.settings
         try:
-            removed = hosts.teardown(s.hosts_bridge, s.hosts_subnet, s.hosts_container_supernet, markers)
+            removed = hosts.teardown(s.network.hosts_bridge, s.network.hosts_subnet, s.network.hosts_container_supernet, markers)
         except (hosts.HostsError, OSError) as exc:
             raise StackError(f"the worker hosts could not be removed: {exc}") from exc
         if removed:
@@ -466,7 +466,7 @@ class Stack:
 
     def _probe(self, name: str, entry: dict) -> ComponentStatus:
         server = LAUNCHERS.get(name)
-        external = getattr(self.settings, server.url_key) if server else ""
+        external = self.settings.get(server.url_key) if server else ""
         if external:
             return self._probe_url(name, external, None, "external")
         pid, why = self.check_pid(name)

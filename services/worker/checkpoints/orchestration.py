@@ -53,7 +53,7 @@ class CheckpointSkipped(Exception):
 async def enable_criu(runtime: Runtime, settings: Settings) -> str:
     """Check CRIU (>= 4) at worker start and arm the runtime with it; returns a note for the log,
     /healthz and the registration (the feature `criu` is advertised only when it works)."""
-    if settings.worker_criu == "off":
+    if settings.worker.criu == "off":
         return "off: this worker's pool has criu = false"
     if not runtime.capabilities.checkpoints:
         return f"off: the {runtime.name} runtime cannot checkpoint"

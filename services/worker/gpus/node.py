@@ -33,8 +33,8 @@ class NodeGpus:
         """Find the inventory (NVML, else the pool's configuration), write the CDI spec once when the
         cards are real, decide on GPU checkpoints; the WorkerRegistered fields of the GPUs."""
         s = self.settings
-        inv = self.inventory = choose_inventory(await asyncio.to_thread(read_nvml), s.worker_gpu_type,
-                                                s.worker_gpu_count)
+        inv = self.inventory = choose_inventory(await asyncio.to_thread(read_nvml), s.worker.gpu_type,
+                                                s.worker.gpu_count)
         self.ledger = CardLedger(tuple(c.device_id for c in inv.cards))
         if inv.note:
             log.warning("GPUs: %s", inv.note)
@@ -43,7 +43,7 @@ class NodeGpus:
         elif inv.cards:
             self.cdi_note = "configured inventory (no NVIDIA driver here): NVIDIA_VISIBLE_DEVICES only, no CDI edits"
         self.checkpoints = gpu_checkpoint(inv.driver, cuda_checkpoint_binary() is not None,
-                                          criu_cuda_plugin(Path(s.image_cache)) is not None)
+                                          criu_cuda_plugin(Path(s.images.image_cache)) is not None)
         if inv.cards:
             log.info("GPUs: %d x %s (%s); %s; checkpoints of GPU containers: %s", len(inv.cards), inv.gpu_type,
                      inv.source, self.cdi_note, self.checkpoints[1])

@@ -21,7 +21,7 @@ async def serve_cache(cache: NodeCache, settings: Settings, cache_url: str, stop
     import uvicorn  # the server only where a cache is served
 
     from levers9.runtime.service import _Server
-    sock = bind_unless_taken(settings.http_host, settings.cache_port)
+    sock = bind_unless_taken(settings.process.http_host, settings.images.cache_port)
     if sock is None:  # uvicorn would exit the process on a taken port
         await shared_cache_or_exit(cache_url, settings)  # another home's would fill from its S3
         return

@@ -108,7 +108,7 @@ class ImageMounts:
         self.settings = settings
         if grace_s is None:
             grace_s = float(os.environ.get("LEVERS9_IMAGE_MOUNT_GRACE_S") or UNMOUNT_GRACE_S)
-        self.root = Path(settings.image_cache) / "images"
+        self.root = Path(settings.images.image_cache) / "images"
         self.cache_dir = Path(cache_dir)
         self.cache_url = cache_url.rstrip("/")
         wanted = mode if mode is not None else (getattr(settings, "image_mount", "") or os.environ.get(MODE_ENV, ""))

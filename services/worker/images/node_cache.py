@@ -90,7 +90,7 @@ class HashMismatch(Exception):
 class NodeCache:
     def __init__(self, root: Path, settings: Settings, max_bytes: int) -> None:
         # a worker running as a host has a cache of its own (`cache_dir`), not the machine's shared one
-        self.root = Path(settings.cache_dir) if settings.cache_dir else root
+        self.root = Path(settings.images.cache_dir) if settings.images.cache_dir else root
         self.settings = settings
         self.max_bytes = max_bytes
         self.root.mkdir(parents=True, exist_ok=True)
@@ -271,9 +271,9 @@ async def shared_cache_or_exit(cache_url: str, settings: Settings) -> None:
     except (httpx.HTTPError, ValueError, AttributeError) as exc:
         raise CacheTaken(f"node cache: port {cache_url} is taken by something that is not a levers9 node "
                          f"cache ({exc}); set cache_port (LEVERS9_CACHE_PORT) to a free port") from None
-    if theirs and theirs != settings.s3_endpoint:
+    if theirs and theirs != settings.storage.s3_endpoint:
         raise CacheTaken(f"node cache: {cache_url} belongs to another levers9 home (its S3 is {theirs}, ours "
-                         f"{settings.s3_endpoint}); give this home its own cache_port (LEVERS9_CACHE_PORT)")
+                         f"{settings.storage.s3_endpoint}); give this home its own cache_port (LEVERS9_CACHE_PORT)")
     log.info("node cache: %s is served by another worker of this node", cache_url)
 
 
@@ -324,7 +324,7 @@ def cache_app(cache: NodeCache) -> FastAPI:
     async def stats():
         entries = cache.entries()
         return {"bytes": sum(e.size for e in entries), "blobs": len(entries), "max_bytes": cache.max_bytes,
-                "s3_endpoint": cache.settings.s3_endpoint, **cache.stats}
+                "s3_endpoint": cache.settings.storage.s3_endpoint, **cache.stats}
 
     @app.get("/healthz")
     async def healthz():

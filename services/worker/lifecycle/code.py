@@ -33,12 +33,12 @@ async def fetch_code(settings: Settings, state_dir: Path, c: Running) -> Path:
     target = state_dir / "code" / sha
     if sha and target.is_dir():
         return target
-    url = f"{settings.gateway_url}/api/v1/internal/deployments/{c.deployment_id}/code"
+    url = f"{settings.client.gateway_url}/api/v1/internal/deployments/{c.deployment_id}/code"
     began = time.monotonic()
     async with httpx.AsyncClient(timeout=30) as client:
         r = await client.get(url, params={"workspace": c.workspace, "container_id": c.container_id,
                                           "seq": str(c.scheduled_seq)},
-                             headers={"Authorization": f"Bearer {settings.worker_token}"})
+                             headers={"Authorization": f"Bearer {settings.worker.token}"})
     if r.status_code != 200:
         raise RuntimeError(f"code archive not available ({r.status_code}): {r.text[:300]}")
     tmp = target.with_name(target.name + f".tmp{os.getpid()}")

@@ -27,7 +27,7 @@ class SecretsUnavailable(RuntimeError):
 
 
 def holds_keyring(settings: Settings) -> bool:
-    return bool(settings.secret_key or settings.secret_key_file)
+    return bool(settings.secrets.key or settings.secrets.key_file)
 
 
 class SecretSource:
@@ -49,13 +49,13 @@ class SecretSource:
                 for r in await self.rows(workspace, names)}
 
     async def gateway(self, c: Running, names: list[str]) -> dict[str, str]:
-        url = f"{self.settings.gateway_url}/api/v1/internal/deployments/{c.deployment_id}/secrets"
+        url = f"{self.settings.client.gateway_url}/api/v1/internal/deployments/{c.deployment_id}/secrets"
         params = httpx.QueryParams({"workspace": c.workspace, "container_id": c.container_id,
                                     "seq": str(c.scheduled_seq), "names": sorted(set(names))})
         try:
             async with httpx.AsyncClient(timeout=30, transport=self.transport) as client:
                 r = await client.get(url, params=params,
-                                     headers={"Authorization": f"Bearer {self.settings.worker_token}"})
+                                     headers={"Authorization": f"Bearer {self.settings.worker.token}"})
         except httpx.HTTPError as exc:
             raise SecretsUnavailable(f"the gateway did not give the secrets ({type(exc).__name__}: {exc})") from None
         if r.status_code != 200:
@@ -71,12 +71,12 @@ async def checkpoint_key(settings: Settings, c: Running, checkpoint_id: str,
                          transport: httpx.AsyncBaseTransport | None = None) -> bytes | None:
     """The data key of `checkpoint_id`, a checkpoint of the deployment of `c` (placed on this worker),
     from the gateway; None when the archive is not sealed (stored before sealing existed)."""
-    url = f"{settings.gateway_url}/api/v1/internal/deployments/{c.deployment_id}/checkpoint-key"
+    url = f"{settings.client.gateway_url}/api/v1/internal/deployments/{c.deployment_id}/checkpoint-key"
     params = {"workspace": c.workspace, "container_id": c.container_id, "seq": str(c.scheduled_seq),
               "checkpoint_id": checkpoint_id}
     try:
         async with httpx.AsyncClient(timeout=30, transport=transport) as client:
-            r = await client.get(url, params=params, headers={"Authorization": f"Bearer {settings.worker_token}"})
+            r = await client.get(url, params=params, headers={"Authorization": f"Bearer {settings.worker.token}"})
     except httpx.HTTPError as exc:
         raise KeyUnavailable(f"the gateway did not give its key ({type(exc).__name__}: {exc})") from None
     if r.status_code != 200:

@@ -98,7 +98,7 @@ class WorkerVolumes:
         try:
             os.write(fd, line.encode())
             os.close(fd)
-            await self._run_s3fs(s3fs_args(bucket, str(target), str(passwd), self.settings.s3_endpoint), target)
+            await self._run_s3fs(s3fs_args(bucket, str(target), str(passwd), self.settings.storage.s3_endpoint), target)
         finally:
             passwd.unlink(missing_ok=True)  # s3fs read it before it mounted
 
@@ -158,7 +158,7 @@ async def endpoint_refusal(url: str, settings: Settings) -> str:
         infos = await asyncio.get_running_loop().getaddrinfo(host, None, type=socket.SOCK_STREAM)
     except OSError:
         return f"its endpoint host {host!r} does not resolve from the worker"
-    denied = denied_networks(host_addresses(), [settings.bridge_subnet, settings.hosts_subnet])
+    denied = denied_networks(host_addresses(), [settings.network.bridge_subnet, settings.network.hosts_subnet])
     for info in infos:
         why = address_refusal(ipaddress.ip_address(str(info[4][0]).split("%", 1)[0]), denied)
         if why:

@@ -61,7 +61,7 @@ def host_allowlist(settings: Settings, env: dict[str, str] | None = None, etc_ap
         files += sorted(p for p in (etc_apt / "sources.list.d").iterdir()
                         if p.suffix in (".list", ".sources") and p.is_file())
     allow |= apt_endpoints((p.name, p.read_text(errors="replace")) for p in files)
-    return allow | parse_allow(settings.egress_allow)
+    return allow | parse_allow(settings.network.egress_allow)
 
 
 class EgressProxy:
@@ -148,7 +148,7 @@ class Egress:
 
     def __init__(self, settings: Settings, state_dir: Path) -> None:
         self.settings, self.state_dir = settings, state_dir
-        self.ipam = network.Ipam(settings.bridge_name, settings.bridge_subnet)
+        self.ipam = network.Ipam(settings.network.bridge_name, settings.network.bridge_subnet)
         self.address = ""  # "IP:PORT" while serving
         self.served = asyncio.Event()
         self.proxy: EgressProxy | None = None
@@ -159,14 +159,14 @@ class Egress:
             log.info("egress proxy: not served (%s)", runc_missing())
             return
         s = self.settings
-        bridge = await network.ensure_bridge(s.bridge_name, s.bridge_subnet)
+        bridge = await network.ensure_bridge(s.network.bridge_name, s.network.bridge_subnet)
         allow = await asyncio.to_thread(host_allowlist, s)
-        denied = denied_networks(host_addresses(), [s.bridge_subnet, s.hosts_subnet, "127.0.0.0/8",
+        denied = denied_networks(host_addresses(), [s.network.bridge_subnet, s.network.hosts_subnet, "127.0.0.0/8",
                                                     *(str(a) for a in firewall.platform_addresses(
-                                                        (s.nats_url, s.database_url, s.s3_endpoint, s.registry,
-                                                         s.gateway_url)))])
+                                                        (s.bus.nats_url, s.database.url, s.storage.s3_endpoint, s.registry.address,
+                                                         s.client.gateway_url)))])
         self.proxy = EgressProxy(allow, denied)
-        server = await asyncio.start_server(self.proxy.handle, str(bridge.ip), s.egress_proxy_port,
+        server = await asyncio.start_server(self.proxy.handle, str(bridge.ip), s.network.egress_proxy_port,
                                             limit=PIPE_CHUNK)
         self.address = f"{bridge.ip}:{server.sockets[0].getsockname()[1]}"
         log.info("egress proxy on %s for %s", self.address, ", ".join(f"{e.host}:{e.port}" for e in sorted(allow)))
@@ -198,9 +198,9 @@ class Egress:
         names = network.Names.of(self.state_dir, owner)
         ip = self.ipam.claim(owner, self.state_dir, names.netns, proxy=proxy)
         try:
-            await network.attach(names, self.settings.bridge_name, self.settings.bridge_subnet, ip)
+            await network.attach(names, self.settings.network.bridge_name, self.settings.network.bridge_subnet, ip)
             await self.guard()
-            await network.ip("neigh", "flush", "to", ip, "dev", self.settings.bridge_name, check=False)
+            await network.ip("neigh", "flush", "to", ip, "dev", self.settings.network.bridge_name, check=False)
             yield network.netns_path(names)
         finally:
             await network.detach(names)
@@ -209,4 +209,4 @@ class Egress:
 
     async def guard(self) -> None:
         s = self.settings
-        await firewall.guard(s, self.ipam.members, lambda: self.ipam.forwards(s.publish_port_base))
+        await firewall.guard(s, self.ipam.members, lambda: self.ipam.forwards(s.network.publish_port_base))

@@ -272,10 +272,10 @@ async def guard(settings: Settings, members_of: Callable[[], list[Member]],
     """The worker's rules for its bridge (what every worker of the machine renders alike): the
     platform's addresses never egress; a host's underlay never either, its containers published."""
     s = settings
-    await sync(s.bridge_name, members_of, s.container_egress,
-               (s.nats_url, s.database_url, s.s3_endpoint, s.registry, s.gateway_url),
-               deny_nets=s.hosts_subnet if s.host_address else "", host_address=s.host_address,
-               forwards_of=forwards_of if s.host_address else list)
+    await sync(s.network.bridge_name, members_of, s.network.container_egress,
+               (s.bus.nats_url, s.database.url, s.storage.s3_endpoint, s.registry.address, s.client.gateway_url),
+               deny_nets=s.network.hosts_subnet if s.network.host_address else "", host_address=s.network.host_address,
+               forwards_of=forwards_of if s.network.host_address else list)
 
 
 async def remove(bridge: str) -> None:

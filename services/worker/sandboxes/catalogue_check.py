@@ -35,7 +35,7 @@ def my_settings(settings: Settings, runtime: str) -> SandboxSettings:
         features = []
     runc = runtime == "runc"
     return SandboxSettings(network_mode="bridge" if runc else "host", overlay=runc, lazy_image=runc, gpu="",
-                           cpu_features=features, python=settings.sandbox_python)
+                           cpu_features=features, python=settings.functions.sandbox_python)
 
 
 def check(cat: Catalogue, mine: SandboxSettings, mode: str, can_restore: bool) -> tuple[list[str], dict[str, str]]:
@@ -72,7 +72,7 @@ class CatalogueCheck:
 
     async def announce(self, cat: Catalogue) -> None:
         name, can_restore = self.runtime()
-        restorable, dropped = check(cat, my_settings(self.settings, name), self.settings.worker_shared_checkpoints,
+        restorable, dropped = check(cat, my_settings(self.settings, name), self.settings.functions.shared_checkpoints,
                                     can_restore)
         for cid, why in dropped.items():
             log.warning("shared checkpoint %s of catalogue %s dropped: %s", cid, cat.catalogue_id, why)

@@ -80,8 +80,8 @@ class Sandboxes:
         self.egress = Egress(settings, state_dir)  # installs' (and this worker's build steps') one way out
 
     async def serve(self, stop: asyncio.Event) -> None:
-        host = self.settings.http_host
-        self.server = await asyncio.start_server(self.relay.serve, host, self.settings.relay_port, limit=1 << 20)
+        host = self.settings.process.http_host
+        self.server = await asyncio.start_server(self.relay.serve, host, self.settings.functions.relay_port, limit=1 << 20)
         self.port = self.server.sockets[0].getsockname()[1]
         log.info("executor relay listening on %s:%d", host, self.port)
         try:
@@ -103,7 +103,7 @@ class Sandboxes:
     def packages_dir(self, workspace: str, image: ImageRef | None) -> Path:
         """The node's installs for one workspace and one image (the key inside adds the Python and the
         requirements): one tenant's cache never feeds another's container, nor another image's."""
-        path = Path(self.settings.image_cache) / "packages" / cache_name(workspace) / image_key(image)
+        path = Path(self.settings.images.image_cache) / "packages" / cache_name(workspace) / image_key(image)
         path.mkdir(parents=True, exist_ok=True)
         return path
 
@@ -116,7 +116,7 @@ class Sandboxes:
         if not requirements or cspec.packages_dir is None or not runtime.capabilities.confined_jobs:
             return
         assert isinstance(runtime, RuncRuntime)  # the one runtime with confined job containers
-        python = tuple(int(x) for x in self.settings.sandbox_python.split(".")[:2])
+        python = tuple(int(x) for x in self.settings.functions.sandbox_python.split(".")[:2])
         done = cspec.packages_dir / packages.packages_key(requirements, python) / packages.MARKER  # type: ignore[arg-type]
         if cspec.image is None and os.path.lexists(done):  # the base's Python: the key is known here
             return
@@ -136,7 +136,7 @@ class Sandboxes:
         self.ready[container_id] = sock
         log.info("sandbox %s: executor generation %s, Python %s", container_id, hello.get("generation"),
                  hello.get("python"))
-        return wire.relay_address(self.settings.http_host, self.port, container_id, self.relay.key(container_id))
+        return wire.relay_address(self.settings.process.http_host, self.port, container_id, self.relay.key(container_id))
 
     def forget(self, container_id: str) -> None:
         self.ready.pop(container_id, None)

@@ -56,7 +56,7 @@ class RuncCheckpoints:
     async def enable_checkpoints(self, progress: Progress = lambda s: None) -> CriuInfo:
         """Find or make CRIU (a minute the first time on a machine) and use it; CriuUnavailable
         says why not."""
-        info = await ensure_criu(Path(self.settings.image_cache), progress)
+        info = await ensure_criu(Path(self.settings.images.image_cache), progress)
         self.use_criu(info)
         return info
 

@@ -75,15 +75,15 @@ class RuncLifecycle:
             or "runc"
         self.runc_root = self.state_dir / "runc"
         self.cli = RuncCli(self.runc, self.runc_root)
-        self.ipam = network.Ipam(settings.bridge_name, settings.bridge_subnet)
+        self.ipam = network.Ipam(settings.network.bridge_name, settings.network.bridge_subnet)
         self._base: Path | None = None
         self._bridge_ready = False
         self._live: dict[str, Record] = {}
         self._ended: dict[str, Exit] = {}  # stopped (torn down)
         self._exited: dict[str, Exit] = {}  # seen ended by poll(), not stopped yet
         self._locks: dict[str, asyncio.Lock] = {}
-        self.images = ImageMounts(settings, Path(settings.cache_dir or Path(settings.image_cache) / "blobs"),
-                                  f"http://{settings.http_host}:{settings.cache_port}")
+        self.images = ImageMounts(settings, Path(settings.images.cache_dir or Path(settings.images.image_cache) / "blobs"),
+                                  f"http://{settings.process.http_host}:{settings.images.cache_port}")
 
     @property
     def containers_dir(self) -> Path:
@@ -106,11 +106,11 @@ class RuncLifecycle:
                 loop.call_soon_threadsafe(progress, line)
 
             self._base = await asyncio.to_thread(rootfs.ensure_base_rootfs,
-                                                 Path(self.settings.image_cache), threadsafe)
+                                                 Path(self.settings.images.image_cache), threadsafe)
         if not self._bridge_ready:
-            addr = await network.ensure_bridge(self.settings.bridge_name, self.settings.bridge_subnet)
+            addr = await network.ensure_bridge(self.settings.network.bridge_name, self.settings.network.bridge_subnet)
             await self.guard()
-            progress(f"bridge {self.settings.bridge_name} up at {addr}, containers firewalled")
+            progress(f"bridge {self.settings.network.bridge_name} up at {addr}, containers firewalled")
             self._bridge_ready = True
 
     async def guard(self) -> None:
@@ -118,15 +118,15 @@ class RuncLifecycle:
         # a host (levers9.worker.network.hosts): its containers are published on its address, and its whole
         # underlay (the machine, the other hosts) is never their egress
         await firewall.guard(self.settings, self.ipam.members,
-                             lambda: self.ipam.forwards(self.settings.publish_port_base))
+                             lambda: self.ipam.forwards(self.settings.network.publish_port_base))
 
     def address_of(self, rec: Record) -> str:
         """Where the gateway reaches the container: its bridge address, or its host's published port."""
         s = self.settings
-        return hosts.container_address(s.host_address, s.bridge_subnet, rec.ip, rec.port, s.publish_port_base)
+        return hosts.container_address(s.network.host_address, s.network.bridge_subnet, rec.ip, rec.port, s.network.publish_port_base)
 
     def peer_group(self, spec: ContainerSpec) -> str:
-        return firewall.peer_group(self.settings.container_peers, spec.workspace, spec.deployment_id)
+        return firewall.peer_group(self.settings.network.container_peers, spec.workspace, spec.deployment_id)
 
     def container_dir(self, container_id: str) -> Path:
         return self.containers_dir / container_id
@@ -188,8 +188,8 @@ class RuncLifecycle:
             (cdir / sub).mkdir()
         lower = await self._lower(rec.container_id, cdir, image)
         mount_overlay(lower, cdir / "upper", cdir / "work", cdir / "rootfs")
-        await network.attach(self.names(rec.container_id), self.settings.bridge_name,
-                             self.settings.bridge_subnet, rec.ip)
+        await network.attach(self.names(rec.container_id), self.settings.network.bridge_name,
+                             self.settings.network.bridge_subnet, rec.ip)
         await self.guard()  # before its process runs: its port joins the rules
         await self._forget_neighbor(rec.ip)
 
@@ -361,7 +361,7 @@ class RuncLifecycle:
         """Drop the host's ARP entry of a reused address: it may still hold the MAC of the
         previous container's veth as REACHABLE (up to ~45 s), and every packet would go to that
         dead MAC until it expires (seen: ~10 s before a new container answered)."""
-        await network.ip("neigh", "flush", "to", ip, "dev", self.settings.bridge_name, check=False)
+        await network.ip("neigh", "flush", "to", ip, "dev", self.settings.network.bridge_name, check=False)
 
     def _save(self, rec: Record) -> None:
         path = self.container_dir(rec.container_id) / "state.json"
