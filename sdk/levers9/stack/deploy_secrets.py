@@ -1,7 +1,14 @@
 """Credentials for docker-compose.yml and k8s/: generated once, the same roles as `levers9 up`'s.
 
     python -m levers9.stack.deploy_secrets compose [DIR]   DIR/.env (0600, read by `docker compose`),
-                                                          DIR/.levers9-compose/ (s3.json, workers/)
+                                                          DIR/.levers9-compose/ (s3.json, workers/,
+                                                          registry/ htpasswd and auth files, keyring,
+                                                          token: the admin's gateway token)
+    python -m levers9.stack.deploy_secrets token FILE [WORKER_FILE]   make the token in FILE valid
+                                                          (TokenCreated, signed by the bus admin of
+                                                          LEVERS9_NATS_ISSUER), and the static worker's
+                                                          (scope worker:COMPOSE_WORKER); compose's
+                                                          bootstrap one-shot, each start
     python -m levers9.stack.deploy_secrets k8s [DIR]       Secret manifests on stdout, to apply once
     python -m levers9.stack.deploy_secrets roles [DIR]     the roles and grants, as the superuser named
                                                           by LEVERS9_DATABASE_URL (compose's postgres-roles
@@ -17,19 +24,24 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import secrets
 import sys
 from pathlib import Path
 
 import yaml
 
+from levers9.runtime import sealing
+from levers9.runtime import secrets as keyrings
 from levers9.runtime.catalogues import PLATFORM_BUCKET
 from levers9.runtime.config import SERVICES
 from levers9.runtime.credentials import BUILD_POOL, worker_file
 
-from . import credentials, pg_roles, s3
+from . import credentials, pg_roles, registry, s3
 
 STATE_DIR = ".levers9-compose"
 NAMESPACE = "levers9"
+REGISTRY_HOST = "registry:5000"  # the registry as compose's containers reach it (LEVERS9_REGISTRY)
+COMPOSE_WORKER = "worker-1"  # docker-compose.yml's static worker
 
 
 def env_name(kind: str, role: str) -> str:
@@ -55,18 +67,47 @@ def role_dsn(role: str, creds: dict, host: str) -> str:
 def compose(directory: Path) -> None:
     state = directory / STATE_DIR
     creds = credentials.ensure(state)
-    credentials.write_private(directory / ".env", dotenv(creds))
+    for name in ("token", "worker-token"):  # the admin's gateway token; the static worker's own
+        if not (state / name).exists():  # (the bootstrap one-shot makes them valid)
+            credentials.write_private(state / name, secrets.token_urlsafe(32) + "\n")
+    worker_token = (state / "worker-token").read_text().strip()
+    credentials.write_private(directory / ".env", dotenv(creds) + f"L9_WORKER_TOKEN={worker_token}\n")
     credentials.write_private(state / "s3.json", json.dumps(s3.identities(creds, "levers9-volumes"), indent=2))
     worker = {"LEVERS9_DATABASE_URL": role_dsn("worker", creds, "postgres"),
               "LEVERS9_S3_ACCESS_KEY": creds["s3"]["worker"]["access_key"],
               "LEVERS9_S3_SECRET_KEY": creds["s3"]["worker"]["secret_key"]}
     for pool in ("", BUILD_POOL):
         credentials.write_private(worker_file(state / "workers", pool), json.dumps(worker, indent=2) + "\n")
+    registry_files(state / "registry", creds["registry"])
+    if not (state / "keyring").exists():  # the secrets keyring (gateway, checkpoint-store, workers)
+        keyrings.write_keyring(state / "keyring", sealing.rotated(None))
     # the containers read these as their own users: the directory (0700), not the files, keeps others out
     os.chmod(state, 0o700)
     os.chmod(state / "s3.json", 0o644)
-    for path in (state / "workers").iterdir():
+    for path in [*(state / "workers").iterdir(), *(state / "registry").iterdir(), state / "keyring"]:
         os.chmod(path, 0o644)
+
+
+def registry_files(directory: Path, passwords: dict[str, str]) -> None:
+    """The registry's htpasswd (bcrypt; kept when it still matches) and a containers auth file per
+    user for REGISTRY_HOST (REGISTRY_AUTH_FILE of the image-builder and the build pool's workers)."""
+    registry.write_htpasswd(directory / "htpasswd", passwords)
+    for user, password in passwords.items():
+        credentials.write_private(directory / f"auth-{user}.json",
+                                  credentials.registry_auth([REGISTRY_HOST], user, password))
+
+
+async def publish_tokens(token: str, worker_token: str = "") -> list[str]:
+    """TokenCreated (workspace `default`) for the admin's `token` and the static worker's, signed as
+    the bus admin. Each start publishes them again (another id, the same hash): harmless."""
+    from levers9.cli import publish_token  # the CLI's own; imported here, not at module load
+
+    nats_url = os.environ["LEVERS9_NATS_URL"]
+    ids = [await publish_token(nats_url, token, "compose admin")]
+    if worker_token:
+        ids.append(await publish_token(nats_url, worker_token, f"worker {COMPOSE_WORKER}",
+                                       scope=f"worker:{COMPOSE_WORKER}"))
+    return ids
 
 
 POOL_SECRETS = ("levers9-pool-default", "levers9-pool-h100")  # k8s/pool-secrets.yaml
@@ -119,6 +160,11 @@ def main(argv: list[str]) -> int:
     elif what == "k8s":
         creds = credentials.ensure(directory / ".levers9-k8s")
         print(yaml.safe_dump_all(k8s_secrets(creds), sort_keys=False), end="")
+    elif what == "token":
+        worker_file = Path(argv[2]) if len(argv) > 2 else None
+        ids = asyncio.run(publish_tokens(directory.read_text().strip(),
+                                         worker_file.read_text().strip() if worker_file else ""))
+        print(f"tokens {', '.join(ids)} published")
     elif what == "roles":
         state = directory / ".levers9-k8s" if len(argv) > 1 else None
         print("\n".join(roles(dict(os.environ), state)) or "roles already in place")
