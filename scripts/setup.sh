@@ -30,6 +30,12 @@ command -v pkg-config >/dev/null || need_apt+=(pkg-config)
 pkg-config --exists fuse3 2>/dev/null || need_apt+=(libfuse3-dev)
 # cloud buckets: s3fs-fuse mounts an S3 bucket per container on the worker
 command -v s3fs >/dev/null || need_apt+=(s3fs)
+# --test: podman and podman-compose, to run docker-compose.yml (README "docker-compose"); podman,
+# not docker.io, whose daemon sets the FORWARD policy to DROP and loads br_netfilter (FACTS)
+if [ -n "$extras" ]; then
+  command -v podman >/dev/null || need_apt+=(podman)
+  command -v podman-compose >/dev/null || need_apt+=(podman-compose)
+fi
 if [ ${#need_apt[@]} -gt 0 ]; then
   if [ "$(id -u)" -ne 0 ]; then
     echo "setup: need root to install ${need_apt[*]} with apt-get (or install them yourself)" >&2
