@@ -279,6 +279,8 @@ class Settings:
     secrets: SecretsSettings = field(default_factory=SecretsSettings)
     # LEVERS9_* variables of the environment that are neither settings nor NOT_SETTINGS (a report)
     unknown_env: tuple[str, ...] = field(default=(), compare=False)
+    # the flat names the environment or the profile set (a default is not a choice)
+    given: frozenset[str] = field(default=frozenset(), compare=False)
 
     @classmethod
     def specs(cls) -> dict[str, Spec]:
@@ -312,8 +314,9 @@ class Settings:
             raw = env.get(variable)
             if raw is not None and raw != "":
                 values[name] = _parse(spec, raw, variable)
+        given = frozenset(values)
         values["home"] = str(home)
-        return _build(cls(unknown_env=unknown_variables(env)), values)
+        return _build(cls(unknown_env=unknown_variables(env), given=given), values)
 
     def with_(self, **changes: object) -> "Settings":
         """A copy with these settings changed, by flat name (`s.with_(service="worker", nats_url=…)`)."""
@@ -355,20 +358,6 @@ def unknown_warning(s: Settings) -> str:
     if not s.unknown_env:
         return ""
     return f"ignoring unknown variables {', '.join(s.unknown_env)} (not levers9 settings; see README \"Settings\")"
-
-
-def read_setting(name: str, env: dict[str, str] | None = None) -> str:
-    """One setting as text without building Settings (the environment, then the profile, then ""):
-    for code that must not fail on another setting's bad value. Same precedence as Settings.load."""
-    env = dict(os.environ if env is None else env)
-    raw = env.get(f"LEVERS9_{name.upper()}")
-    if raw:
-        return raw
-    path = Path(env.get("LEVERS9_HOME") or Path.home() / ".levers9").expanduser() / "config.toml"
-    if not path.exists():
-        return ""
-    with path.open("rb") as f:
-        return str(tomllib.load(f).get(name, ""))
 
 
 _TRUE, _FALSE = ("on", "true", "yes", "1"), ("off", "false", "no", "0")

@@ -23,7 +23,7 @@ from tenacity import AsyncRetrying, stop_after_delay, wait_exponential
 
 from .bus import Bus
 from .bus_auth import BusAuth
-from .config import Settings
+from .config import Settings, unknown_warning
 from .consumer import Delivery, OrderedConsumer, WorkConsumer
 from .projection import Projection, ProjectionStore, schema_for
 from .tasks import spawn
@@ -180,6 +180,8 @@ class Service:
         s = self.settings
         setup_logging(self.name, s.telemetry.log_level, s.telemetry.log_format)
         setup_tracing(self.name, s.telemetry.otel_exporter)
+        if s.unknown_env:  # most likely a misspelt setting: say so rather than ignore it silently
+            log.warning("%s", unknown_warning(s))
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.stop.set)

@@ -5,11 +5,9 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import json
-import os
 import re
 import sys
 import time
-import tomllib
 from pathlib import Path
 from typing import Optional
 from urllib.parse import urlsplit, urlunsplit
@@ -28,7 +26,7 @@ from levers9.cli_nats import nats_app
 from levers9.cli_publishers import publishers_app
 from levers9.cli_secrets import register as _register_secret_commands
 from levers9.cli_volumes import register as _register_volume_commands
-from levers9.runtime.config import SERVICES, Settings, write_profile
+from levers9.runtime.config import SERVICES, SettingError, Settings, unknown_warning, write_profile
 
 app = typer.Typer(help="levers9: run code in containers; restore checkpoints instead of booting cold.",
                   no_args_is_help=True, pretty_exceptions_enable=False)
@@ -141,9 +139,7 @@ def up(json_out: bool = typer.Option(False, "--json", help="print the status as 
 
 def _given(name: str, profile: Path) -> bool:
     """Whether the environment or the profile names setting `name` (its default is not a choice)."""
-    if os.environ.get(f"LEVERS9_{name.upper()}"):
-        return True
-    return profile.exists() and name in tomllib.loads(profile.read_text())
+    return name in Settings.load(profile=profile).given
 
 
 def ensure_token(s: Settings, gateway_url: str, nats_url: str) -> str:
@@ -460,7 +456,21 @@ async def _rebuild(nats_url: str, database_url: str, cls, swap: bool):
 
 
 def main() -> None:
+    _check_settings()
     app()
+
+
+def _check_settings() -> None:
+    """Stop on a setting that does not parse; warn (one line, stderr) of LEVERS9_* names that are no setting."""
+    try:
+        s = Settings.load()
+    except SettingError as exc:
+        print(f"levers9: error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+    except (OSError, ValueError):  # an unreadable profile: the commands that need it say so
+        return
+    if s.unknown_env:
+        print(f"levers9: warning: {unknown_warning(s)}", file=sys.stderr)
 
 
 if __name__ == "__main__":

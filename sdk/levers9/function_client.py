@@ -13,7 +13,6 @@ Never imported inside a container: it needs grpc (levers9.functions imports it o
 from __future__ import annotations
 
 import json
-import os
 import sys
 import threading
 import tomllib
@@ -37,6 +36,7 @@ from levers9.function_errors import (
     PythonVersionError,
     platform_error,
 )
+from levers9.runtime.config import SettingError, Settings
 
 PROTOCOL = 1  # Hello.protocol: functions.proto's PROTOCOL
 MAX_MESSAGE = 16 << 20  # gRPC messages, both ways
@@ -63,22 +63,12 @@ class Target:
 
 # ---- where the service is ------------------------------------------------------------------------
 
-def _profile() -> dict[str, Any]:
-    home = Path(os.environ.get("LEVERS9_HOME") or Path.home() / ".levers9").expanduser()
-    path = home / "config.toml"
-    if not path.exists():
-        return {}
+def _settings() -> Settings:
+    """The client's settings: LEVERS9_*, else the profile (levers9.runtime.config, stdlib only)."""
     try:
-        with path.open("rb") as f:
-            return tomllib.load(f)
-    except (OSError, tomllib.TOMLDecodeError) as exc:
-        raise FunctionError(f"the profile {path} cannot be read ({exc}): fix it, or run `levers9 up` again") from None
-
-
-def _setting(name: str, profile: dict[str, Any]) -> str:
-    """One setting: LEVERS9_<NAME>, else the profile's <name> (as levers9.runtime.config reads them)."""
-    value = os.environ.get(f"LEVERS9_{name.upper()}") or profile.get(name, "")
-    return str(value)
+        return Settings.load()
+    except (OSError, tomllib.TOMLDecodeError, SettingError) as exc:
+        raise FunctionError(f"the settings cannot be read ({exc}): fix them, or run `levers9 up` again") from None
 
 
 _lock = threading.Lock()
@@ -87,11 +77,9 @@ _infos: dict[tuple[str, str], dict[str, Any]] = {}  # (gateway_url, token) -> it
 
 def resolve_target() -> Target:
     """Read the profile and find the function service (asking the gateway when no functions_url is set)."""
-    profile = _profile()
-    gateway_url = _setting("gateway_url", profile).rstrip("/")
-    token = _setting("token", profile)
-    ca_file = _setting("ca_file", profile)
-    address = _setting("functions_url", profile)
+    client = _settings().client
+    gateway_url, token, ca_file, address = client.gateway_url.rstrip("/"), client.token, client.ca_file, \
+        client.functions_url
     tls = gateway_url.startswith("https://")
     if address:
         for scheme, secure in (("grpcs://", True), ("grpc://", False), ("https://", True), ("http://", False)):

@@ -11,6 +11,7 @@ import sys
 from abc import ABC, abstractmethod
 from pathlib import Path
 
+from levers9.runtime.config import Settings
 from levers9.runtime.credentials import without_credentials, worker_env
 from levers9.runtime.ports import free_port
 
@@ -48,13 +49,14 @@ class LocalBackend(Backend):
 
     name = "local"
 
-    def __init__(self, home: Path, issuer: str = "") -> None:
+    def __init__(self, home: Path, issuer: str = "", settings: Settings | None = None) -> None:
         self.home = home
         self.issuer = issuer  # home/nats/auth when NATS runs with auth: each worker gets its own user
+        self.settings = settings or Settings.load()
         self.procs: dict[str, subprocess.Popen] = {}
 
     def start_worker(self, pool: PoolConfig, worker_id: str, token: str) -> None:
-        env = {**worker_base_env(pool.name), "LEVERS9_SERVICE": "worker", "LEVERS9_WORKER_ID": worker_id,
+        env = {**worker_base_env(pool.name, self.settings.pools.worker_credentials), "LEVERS9_SERVICE": "worker", "LEVERS9_WORKER_ID": worker_id,
                "LEVERS9_WORKER_POOL": pool.name, "LEVERS9_WORKER_TOKEN": token,
                "LEVERS9_HTTP_PORT": str(free_port()), "LEVERS9_HOME": str(self.home),
                "LEVERS9_WORKER_CPU_MILLICORES": str(pool.worker_cpu_millicores),
@@ -86,10 +88,9 @@ class LocalBackend(Backend):
         return gone
 
 
-def worker_base_env(pool: str) -> dict[str, str]:
+def worker_base_env(pool: str, directory: str) -> dict[str, str]:
     """This controller's environment without its own credentials, with the workers' of `pool` (files
-    `levers9 up` wrote, named by LEVERS9_WORKER_CREDENTIALS); as it is when none are named."""
-    directory = os.environ.get("LEVERS9_WORKER_CREDENTIALS", "")
+    `levers9 up` wrote in `directory`, the setting worker_credentials); as it is when none are named."""
     if not directory:
         return dict(os.environ)
     return {**without_credentials(os.environ), **worker_env(directory, pool)}

@@ -22,8 +22,7 @@ class NetnsBackend(LocalBackend):
     name = "netns"
 
     def __init__(self, home: Path, issuer: str = "", settings: Settings | None = None) -> None:
-        super().__init__(home, issuer)
-        self.settings = settings or Settings.load()
+        super().__init__(home, issuer, settings)
         self.hosts: dict[str, hosts.HostPlan] = {}
 
     @property

@@ -51,8 +51,8 @@ MODE_ENV = "LEVERS9_IMAGE_MOUNT"
 MODES = ("lazy", "unpack")
 READY_TIMEOUT_S = 30.0
 # a node keeps an image mounted this long after its last container: the next cold start of that
-# image (a scale-from-zero) then finds it mounted and its pages cached (LEVERS9_IMAGE_MOUNT_GRACE_S)
-UNMOUNT_GRACE_S = 300.0
+# image (a scale-from-zero) then finds it mounted and its pages cached (settings.images.mount_grace_seconds,
+# LEVERS9_IMAGE_MOUNT_GRACE_S: 300 s by default)
 STOP_TIMEOUT_S = 5.0
 FETCH_TIMEOUT_S = 600.0  # a whole archive (unpack) may be gigabytes
 
@@ -107,11 +107,11 @@ class ImageMounts:
                  grace_s: float | None = None) -> None:
         self.settings = settings
         if grace_s is None:
-            grace_s = float(os.environ.get("LEVERS9_IMAGE_MOUNT_GRACE_S") or UNMOUNT_GRACE_S)
+            grace_s = float(settings.images.mount_grace_seconds)
         self.root = Path(settings.images.image_cache) / "images"
         self.cache_dir = Path(cache_dir)
         self.cache_url = cache_url.rstrip("/")
-        wanted = mode if mode is not None else (getattr(settings, "image_mount", "") or os.environ.get(MODE_ENV, ""))
+        wanted = mode if mode is not None else settings.images.mount
         self.mode, self.note = choose_mode(wanted, fuse_missing())
         self.grace_s = grace_s
         self.held: dict[str, Held] = {}
