@@ -27,6 +27,8 @@ from pathlib import Path
 
 import msgspec
 
+from levers9.runtime.safe_tar import extract_data
+
 SKLEARN_DEB = "python-sklearn-doc"
 SKLEARN_EXAMPLES = Path("usr/share/doc/python-sklearn-doc/examples")
 NETWORKX_VERSION = "3.4.2"
@@ -113,7 +115,7 @@ def unpack_sdist_examples(sdist: Path, dest: Path) -> None:
         members = [m for m in tar.getmembers() if _in_examples(m.name) and (m.isfile() or m.isdir())]
         if not members:
             raise CorpusFetchError(f"{sdist.name} has no examples/ directory")
-        tar.extractall(tmp, members=members, filter="data")
+        extract_data(tar, tmp, members)
         top = Path(tmp) / members[0].name.split("/")[0] / "examples"
         _gunzip_sources(top)
         top.rename(dest)

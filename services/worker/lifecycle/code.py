@@ -14,6 +14,7 @@ from pathlib import Path
 import httpx
 
 from levers9.runtime.config import Settings
+from levers9.runtime.safe_tar import extract_data
 from levers9.worker.sandboxes.sandboxes import is_function
 
 from .placement import Running
@@ -44,7 +45,7 @@ async def fetch_code(settings: Settings, state_dir: Path, c: Running) -> Path:
     tmp = target.with_name(target.name + f".tmp{os.getpid()}")
     tmp.mkdir(parents=True, exist_ok=True)
     with tarfile.open(fileobj=io.BytesIO(r.content), mode="r:gz") as tar:
-        tar.extractall(tmp, filter="data")  # refuses absolute paths and .. (PEP 706)
+        extract_data(tar, tmp)  # refuses absolute paths, .. and links out (PEP 706)
     os.chmod(tmp, 0o755)
     try:
         tmp.rename(target)
