@@ -47,17 +47,20 @@ class Fencer:
     def __init__(self, home: Path, where: Where = lambda worker_id: ([], {})) -> None:
         self.home = home
         self.where = where  # a netns host's worker is reaped in its host's namespace (backends_netns)
-        self.pending: set[str] = set()  # lost workers whose fence is still to be done
+        # lost workers whose fence is still to be done -> when the lost run was last seen alive (None: not known)
+        self.pending: dict[str, float | None] = {}
 
     def can_fence(self, worker_id: str) -> bool:
         return (self.home / "workers" / worker_id).is_dir()
 
-    async def reap(self, worker_id: str) -> list[str]:
-        """Run the worker's reaper; the ids of the containers it removed."""
+    async def reap(self, worker_id: str, alive_at: float | None = None) -> list[str]:
+        """Run the worker's reaper; the ids of the containers it removed. A run of the worker that
+        started after `alive_at` (the lost run's last heartbeat) is a newer one: the reaper spares it."""
         prefix, settings = self.where(worker_id)
         env = {**os.environ, **settings, "LEVERS9_HOME": str(self.home), "LEVERS9_WORKER_ID": worker_id}
+        since = ["--alive-at", repr(alive_at)] if alive_at is not None else []
         proc = await asyncio.create_subprocess_exec(
-            *prefix, sys.executable, "-m", "levers9.worker.lifecycle.restart", "reap", worker_id, env=env,
+            *prefix, sys.executable, "-m", "levers9.worker.lifecycle.restart", "reap", worker_id, *since, env=env,
             stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
         try:
             out, err = await asyncio.wait_for(proc.communicate(), REAP_TIMEOUT_S)
@@ -73,15 +76,15 @@ class Fencer:
 
     async def fence_pending(self, bus: Any) -> None:
         """Fence every pending worker; one that fails stays pending (the next pass tries again)."""
-        for worker_id in sorted(self.pending):
+        for worker_id, alive_at in sorted(self.pending.items()):
             try:
-                removed = await self.reap(worker_id)
+                removed = await self.reap(worker_id, alive_at)
             except (FenceFailed, OSError, ValueError) as exc:
                 log.warning("fencing worker %s failed; trying again next pass: %s", worker_id, exc)
                 continue
             await bus.publish(envelope(E.WorkerFenced(worker_id=worker_id, containers=removed, by="pool-controller"),
                                        workspace=SYSTEM_WORKSPACE))
-            self.pending.discard(worker_id)
+            self.pending.pop(worker_id, None)
             log.warning("worker %s fenced: removed %d containers it left: %s", worker_id, len(removed), removed)
 
     async def recover(self, bus: Any, lost: list[str]) -> None:
@@ -90,7 +93,7 @@ class Fencer:
             lost_seq, ev = await last_event(bus, worker_id, "WorkerLost")
             fenced_seq, _ = await last_event(bus, worker_id, "WorkerFenced")
             if isinstance(ev, E.WorkerLost) and ev.awaits_fence and fenced_seq < lost_seq:
-                self.pending.add(worker_id)
+                self.pending.setdefault(worker_id, None)  # when it was last alive is not known here
 
 
 async def last_event(bus: Any, worker_id: str, event_type: str) -> tuple[int, E.Event | None]:

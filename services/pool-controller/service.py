@@ -159,8 +159,8 @@ class PoolControllerService(Service):
             await self.bus.append(envelope(E.WorkerLost(worker_id=worker_id, reason=why, awaits_fence=fence),
                                            workspace=SYSTEM_WORKSPACE), last_seq)
             log.warning("worker %s lost: %s", worker_id, why)
-            if fence:
-                self.fencer.pending.add(worker_id)
+            if fence:  # the reaper spares a run that started after the lost one's last beat
+                self.fencer.pending[worker_id] = self.heartbeats.snapshot().seen.get(worker_id)
             self.exited.discard(worker_id)
             if worker_id in self.started_here:  # still running (a cut link): its containers run elsewhere now
                 for backend in self.backends.values():

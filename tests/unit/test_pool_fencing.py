@@ -37,19 +37,19 @@ async def test_fenced_is_said_only_after_the_reaper_succeeded_and_a_failure_stay
     assert fencer.can_fence("w-ok") and not fencer.can_fence("w-elsewhere")
     outcomes = {"w-ok": ["c1", "c2"], "w-bad": FenceFailed("runc delete failed")}
 
-    async def reap(worker_id):
+    async def reap(worker_id, alive_at=None):
         out = outcomes[worker_id]
         if isinstance(out, Exception):
             raise out
         return out
 
     fencer.reap = reap  # type: ignore[method-assign]
-    fencer.pending |= {"w-ok", "w-bad"}
+    fencer.pending.update({"w-ok": 100.0, "w-bad": None})
     bus = _Bus()
     await fencer.fence_pending(bus)
     said = [decode(encode(e)).event for e in bus.published]
     assert said == [E.WorkerFenced(worker_id="w-ok", containers=["c1", "c2"], by="pool-controller")]
-    assert fencer.pending == {"w-bad"}  # tried again next pass; its containers keep waiting meanwhile
+    assert fencer.pending == {"w-bad": None}  # tried again next pass; its containers keep waiting meanwhile
 
 
 async def test_a_restarted_controller_fences_what_its_previous_run_left_undone():
@@ -61,7 +61,7 @@ async def test_a_restarted_controller_fences_what_its_previous_run_left_undone()
                 ("w-again", "WorkerLost"): (9, E.WorkerLost(worker_id="w-again", awaits_fence=True))})
     fencer = Fencer(Path("/nonexistent"))
     await fencer.recover(bus, ["w-undone", "w-done", "w-old", "w-again", "w-unknown"])
-    assert fencer.pending == {"w-undone", "w-again"}
+    assert fencer.pending == {"w-undone": None, "w-again": None}  # when they were last alive: not known
 
 
 async def test_the_reaper_runs_where_and_with_the_settings_its_backend_says(tmp_path):
@@ -72,6 +72,15 @@ async def test_the_reaper_runs_where_and_with_the_settings_its_backend_says(tmp_
     report = "import json, os; print(json.dumps({'removed': [os.environ['LEVERS9_BRIDGE_NAME']]}))"
     fencer = Fencer(tmp_path, lambda wid: ([sys.executable, "-c", report, "--"], {"LEVERS9_BRIDGE_NAME": f"br-{wid}"}))
     assert await fencer.reap("w7") == ["br-w7"]
+
+
+async def test_the_reaper_is_told_when_the_lost_run_was_last_alive(tmp_path):
+    import sys
+
+    report = "import json, sys; print(json.dumps({'removed': sys.argv[1:]}))"
+    fencer = Fencer(tmp_path, lambda wid: ([sys.executable, "-c", report], {}))
+    assert (await fencer.reap("w7", 1700000000.25))[-2:] == ["--alive-at", "1700000000.25"]
+    assert "--alive-at" not in await fencer.reap("w7")
 
 
 def test_a_netns_hosts_reaper_enters_its_host_while_the_host_is_there(tmp_path, monkeypatch):

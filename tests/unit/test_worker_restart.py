@@ -100,6 +100,31 @@ async def test_the_reaper_kills_a_run_declared_lost_while_alive_then_removes_wha
     assert await reap(Settings().with_(home=str(tmp_path), runtime="process"), "never-ran") == []
 
 
+async def test_the_reaper_spares_a_newer_run_that_started_after_the_lost_one_was_last_alive(tmp_path):
+    """`levers9 up` restarted the worker before its lost run was fenced: the lock holder is that new
+    run, which removed what the lost run left when it started; killing it would lose a live worker."""
+    import time
+
+    from levers9.runtime.config import Settings
+    from levers9.worker.lifecycle.restart import reap
+
+    state_dir = tmp_path / "workers" / "w-back"
+    state_dir.mkdir(parents=True)
+    last_beat_of_the_lost_run = time.time() - 60
+    proc = _holder(state_dir)
+    try:
+        assert await reap(Settings().with_(home=str(tmp_path), runtime="process"), "w-back",
+                          last_beat_of_the_lost_run) == []
+        assert proc.poll() is None  # alive
+        # the same run, last seen alive after it started, is the lost one: killed
+        await reap(Settings().with_(home=str(tmp_path), runtime="process"), "w-back", time.time())
+        assert proc.wait(timeout=10) is not None
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
 def test_kill_tree_does_not_wait_on_a_zombie_it_cannot_reap():
     """The lost run is its pool controller's child: killed, it stays a zombie until that controller
     reaps it, and the reaper (not its parent) must count it gone at once, not after a timeout."""

@@ -22,6 +22,7 @@ and its cgroup killed), overlay and FUSE mounts, veths, network namespaces, addr
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import fcntl
 import json
@@ -187,9 +188,14 @@ def strays_of(runc_root: Path) -> list[int]:
 
 # ---- the reaper --------------------------------------------------------------------------------
 
-async def reap(settings: Any, worker_id: str) -> list[str]:
+async def reap(settings: Any, worker_id: str, alive_at: float | None = None) -> list[str]:
     """Stop and remove everything a dead (or lost) run of `worker_id` left on this node; the ids
-    of the containers removed. The run still alive (declared lost while it ran) is killed first."""
+    of the containers removed. The run still alive (declared lost while it ran) is killed first.
+
+    `alive_at`: when the lost run was last known alive (its last heartbeat). A run holding the lock
+    that started after it is a newer run (`levers9 up` restarted the worker meanwhile), not the
+    lost one: it is left alone, and nothing is removed here, because a run takes the lock before it
+    removes what the runs before it left."""
     from levers9.worker.mounts import volumes
     from levers9.worker.runtime.choice import choose_runtime
 
@@ -199,6 +205,10 @@ async def reap(settings: Any, worker_id: str) -> list[str]:
     fd = try_run_lock(state_dir)
     if fd is None:
         holder = lock_holder(state_dir)
+        if holder is not None and newer_run(holder, alive_at):
+            log.warning("worker %s: a newer run (pid %d) holds its state; it removed what the lost run left",
+                        worker_id, holder)
+            return []
         if holder is not None:
             log.warning("worker %s (pid %d) still runs though it was lost: killing it", worker_id, holder)
             kill_tree(holder)
@@ -214,19 +224,32 @@ async def reap(settings: Any, worker_id: str) -> list[str]:
         os.close(fd)
 
 
+def newer_run(pid: int, alive_at: float | None) -> bool:
+    """Whether process `pid` started after `alive_at` (so it cannot be the run last seen alive then)."""
+    if alive_at is None:
+        return False
+    try:
+        return psutil.Process(pid).create_time() > alive_at
+    except psutil.Error:  # gone meanwhile: the lock is free for the reaper
+        return False
+
+
 async def _no_secrets(container_id: str, names: list[str]) -> dict[str, str]:
     return {}
 
 
 def main(argv: list[str]) -> int:
-    """`python -m levers9.worker.lifecycle.restart reap WORKER_ID`: prints {"removed": [...]} as its last line."""
+    """`python -m levers9.worker.lifecycle.restart reap WORKER_ID [--alive-at EPOCH]`: prints {"removed": [...]} as its last line."""
     from levers9.runtime.config import Settings
 
-    if len(argv) != 2 or argv[0] != "reap":
-        print("usage: python -m levers9.worker.lifecycle.restart reap WORKER_ID", file=sys.stderr)
-        return 2
+    args = argparse.ArgumentParser(prog="python -m levers9.worker.lifecycle.restart")
+    args.add_argument("command", choices=["reap"])
+    args.add_argument("worker_id")
+    args.add_argument("--alive-at", type=float, default=None,
+                      help="when the lost run was last seen alive (epoch seconds): a run started later is left alone")
+    parsed = args.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    removed = asyncio.run(reap(Settings.load(), argv[1]))
+    removed = asyncio.run(reap(Settings.load(), parsed.worker_id, parsed.alive_at))
     print(json.dumps({"removed": removed}))
     return 0
 
