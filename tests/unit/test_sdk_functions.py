@@ -8,6 +8,7 @@ import importlib
 import itertools
 import json
 import sys
+import signal
 import threading
 import time
 import traceback
@@ -294,11 +295,13 @@ def test_ctrl_c_from_a_signal_while_blocked_cancels_the_call(fake, monkeypatch):
             timer.start()
 
     monkeypatch.setattr(function_calls, "write_output", start_timer_when_started)
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)  # Python's own, whatever ran before
     try:
         with pytest.raises(KeyboardInterrupt):
             waits.remote(30.0)  # far longer than the timer, however loaded the machine
     finally:
         timer.cancel()
+        signal.signal(signal.SIGINT, before)
     assert wait_for(lambda: fake.kinds("cancel"))
 
 
