@@ -7,8 +7,8 @@ import _thread
 import importlib
 import itertools
 import json
-import sys
 import signal
+import sys
 import threading
 import time
 import traceback
