@@ -9,7 +9,10 @@
                                                           LEVERS9_NATS_ISSUER), and the static worker's
                                                           (scope worker:COMPOSE_WORKER); compose's
                                                           bootstrap one-shot, each start
-    python -m levers9.stack.deploy_secrets k8s [DIR]       Secret manifests on stdout, to apply once
+    python -m levers9.stack.deploy_secrets k8s [DIR]       Secret manifests on stdout, to apply once: each
+                                                          service's, each pool's, the registry's (htpasswd,
+                                                          http secret) and the image-builder's registry
+                                                          auth file (DIR/.levers9-k8s/ keeps the values)
     python -m levers9.stack.deploy_secrets roles [DIR]     the roles and grants, as the superuser named
                                                           by LEVERS9_DATABASE_URL (compose's postgres-roles
                                                           one-shot; for k8s, with DIR of `k8s DIR`)
@@ -22,6 +25,8 @@ nothing. No file in the repository carries a password: compose refuses to start 
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import hmac
 import json
 import os
 import secrets
@@ -41,6 +46,8 @@ from . import credentials, pg_roles, registry, s3
 STATE_DIR = ".levers9-compose"
 NAMESPACE = "levers9"
 REGISTRY_HOST = "registry:5000"  # the registry as compose's containers reach it (LEVERS9_REGISTRY)
+REGISTRY_K8S = "registry.levers9.svc:5000"  # and as k8s/'s pods do (k8s/registry.yaml)
+K8S_STATE = ".levers9-k8s"
 COMPOSE_WORKER = "worker-1"  # docker-compose.yml's static worker
 
 
@@ -88,13 +95,13 @@ def compose(directory: Path) -> None:
         os.chmod(path, 0o644)
 
 
-def registry_files(directory: Path, passwords: dict[str, str]) -> None:
+def registry_files(directory: Path, passwords: dict[str, str], host: str = REGISTRY_HOST) -> None:
     """The registry's htpasswd (bcrypt; kept when it still matches) and a containers auth file per
-    user for REGISTRY_HOST (REGISTRY_AUTH_FILE of the image-builder and the build pool's workers)."""
+    user for `host` (REGISTRY_AUTH_FILE of the image-builder and the build pool's workers)."""
     registry.write_htpasswd(directory / "htpasswd", passwords)
     for user, password in passwords.items():
         credentials.write_private(directory / f"auth-{user}.json",
-                                  credentials.registry_auth([REGISTRY_HOST], user, password))
+                                  credentials.registry_auth([host], user, password))
 
 
 async def publish_tokens(token: str, worker_token: str = "") -> list[str]:
@@ -120,8 +127,9 @@ def _secret(name: str, namespace: str, data: dict[str, str]) -> dict:
 
 
 def k8s_secrets(creds: dict, db_host: str = "postgres.levers9.svc",
-                pool_secrets: tuple[str, ...] = POOL_SECRETS) -> list[dict]:
-    """One Secret per service (its own DSN and S3 key), and each pool's (the worker role's) (pure)."""
+                pool_secrets: tuple[str, ...] = POOL_SECRETS, htpasswd: str | None = None) -> list[dict]:
+    """One Secret per service (its own DSN and S3 key), each pool's (the worker role's) and the
+    registry's (k8s_registry_secrets)."""
     worker = {"database_url": role_dsn("worker", creds, db_host),
               "s3_access_key": creds["s3"]["worker"]["access_key"], "s3_secret_key": creds["s3"]["worker"]["secret_key"]}
     out = [_secret(name, "levers9-workers", worker) for name in pool_secrets]
@@ -131,7 +139,34 @@ def k8s_secrets(creds: dict, db_host: str = "postgres.levers9.svc",
             data.update(LEVERS9_S3_ACCESS_KEY=creds["s3"][role]["access_key"],
                         LEVERS9_S3_SECRET_KEY=creds["s3"][role]["secret_key"])
         out.append(_secret(f"levers9-{role}-credentials", NAMESPACE, data))
-    return out
+    return out + k8s_registry_secrets(creds, htpasswd)
+
+
+def registry_http_secret(creds: dict) -> str:
+    """The registry's http.secret (it signs upload state; one value for every replica), derived from
+    the admin's registry password: the same on every run, and no extra value to keep (pure)."""
+    return hmac.new(creds["registry"][credentials.ADMIN].encode(), b"levers9 registry http.secret",
+                    hashlib.sha256).hexdigest()
+
+
+def k8s_registry_secrets(creds: dict, htpasswd: str | None = None) -> list[dict]:
+    """k8s/registry.yaml's Secrets: the registry's htpasswd (bcrypt: salted, so `htpasswd` passes a
+    kept one) and http secret, and the image-builder's containers auth file for REGISTRY_K8S."""
+    passwords = creds["registry"]
+    user = "image-builder"
+    return [_secret("levers9-registry", NAMESPACE, {"htpasswd": htpasswd or registry.htpasswd_text(passwords),
+                                                    "http_secret": registry_http_secret(creds)}),
+            _secret("levers9-registry-auth", NAMESPACE, {
+                f"auth-{user}.json": credentials.registry_auth([REGISTRY_K8S], user, passwords[user])})]
+
+
+def k8s(directory: Path) -> list[dict]:
+    """Every Secret `deploy_secrets k8s` prints, from DIR/.levers9-k8s (made, or kept, here): the
+    htpasswd is kept there too, so printing them again changes nothing."""
+    state = directory / K8S_STATE
+    creds = credentials.ensure(state)
+    registry.write_htpasswd(state / "registry" / "htpasswd", creds["registry"])
+    return k8s_secrets(creds, htpasswd=(state / "registry" / "htpasswd").read_text())
 
 
 def roles(env: dict[str, str], state: Path | None) -> list[str]:
@@ -158,15 +193,14 @@ def main(argv: list[str]) -> int:
         compose(directory)
         print(f"wrote {directory / '.env'} and {directory / STATE_DIR}/ (keep both private)")
     elif what == "k8s":
-        creds = credentials.ensure(directory / ".levers9-k8s")
-        print(yaml.safe_dump_all(k8s_secrets(creds), sort_keys=False), end="")
+        print(yaml.safe_dump_all(k8s(directory), sort_keys=False), end="")
     elif what == "token":
         worker_file = Path(argv[2]) if len(argv) > 2 else None
         ids = asyncio.run(publish_tokens(directory.read_text().strip(),
                                          worker_file.read_text().strip() if worker_file else ""))
         print(f"tokens {', '.join(ids)} published")
     elif what == "roles":
-        state = directory / ".levers9-k8s" if len(argv) > 1 else None
+        state = directory / K8S_STATE if len(argv) > 1 else None
         print("\n".join(roles(dict(os.environ), state)) or "roles already in place")
     else:
         print(__doc__, file=sys.stderr)
