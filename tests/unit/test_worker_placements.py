@@ -21,10 +21,11 @@ from levers9.contracts.spec import CheckpointRef, Code, DeploymentSpec, Resource
 from levers9.runtime import sealing
 from levers9.runtime.config import Settings
 from levers9.runtime.consumer import Delivery
-from levers9.worker import service as worker_service
 from levers9.worker.checkpoints import orchestration as checkpointing
+from levers9.worker.lifecycle import containers as worker_containers
+from levers9.worker.lifecycle.containers import NOTHING_TO_RUN
 from levers9.worker.runtime.interface import ContainerSpec, Exit, Runtime, Started
-from levers9.worker.service import NOTHING_TO_RUN, WorkerService
+from levers9.worker.service import WorkerService
 
 SPEC = DeploymentSpec(name="hello", code=Code(module="app", handler="handler", sha256="ab" * 32, key="code/x"),
                       env={"GREETING": "hi"}, timeout_seconds=30)
@@ -129,7 +130,7 @@ def fake_gateway(monkeypatch, key_reply: dict | None = None) -> list[httpx.Reque
         return httpx.Response(200, content=archive.getvalue())
 
     real = httpx.AsyncClient
-    monkeypatch.setattr(worker_service.httpx, "AsyncClient",
+    monkeypatch.setattr(worker_containers.httpx, "AsyncClient",
                         lambda **kw: real(**{**kw, "transport": httpx.MockTransport(answer)}))
     return asked
 
