@@ -98,11 +98,19 @@ def test_a_call_past_its_timeout_is_stopped_and_says_so(stats):
     assert api(stats, "POST", "/function/stats/sleepy", json={"args": [0]}).json()["result"] == 0  # slot freed
 
 
+def as_from_a_terminal() -> None:
+    """The caller gets SIGINT as a shell's child does: a pytest-xdist lane may block or ignore it, and
+    a child inherits both (seen: the caller never saw Ctrl-C and went on waiting for its result)."""
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_ctrl_c_in_the_caller_cancels_the_remote_call_and_frees_its_slot(env):
     path = APPS / "fn_cancel.py"
     # -X faulthandler: a caller that does not end after Ctrl-C shows where each of its threads waits
     proc = subprocess.Popen([sys.executable, "-X", "faulthandler", str(path), "long"], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=path.parent)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=path.parent,
+                            preexec_fn=as_from_a_terminal)
     assert proc.stdout is not None
     wait_until(lambda: "napping" in proc.stdout.readline(), timeout=300, every=0)
     proc.send_signal(signal.SIGINT)
