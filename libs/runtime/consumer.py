@@ -92,8 +92,9 @@ def to_delivery(msg: Msg, verifier: Verifier | None = None) -> Delivery:
 
 
 # Postgres going away or coming back (a restart: "the database system is shutting down", refused
-# connections, connections cut by an administrator)
-_POSTGRES_DOWN = (asyncpg.PostgresConnectionError, asyncpg.InterfaceError,
+# connections, connections cut by an administrator; a pooled connection the restart left mid-operation:
+# "cannot switch to state 12; another operation is in progress", seen in CI killing a gateway's consumer)
+_POSTGRES_DOWN = (asyncpg.PostgresConnectionError, asyncpg.InterfaceError, asyncpg.InternalClientError,
                   asyncpg.exceptions.CannotConnectNowError, asyncpg.exceptions.OperatorInterventionError,
                   asyncpg.exceptions.TooManyConnectionsError)
 

@@ -25,7 +25,8 @@ def test_backoff_grows_and_stays_under_the_cap(attempt, base, cap):
 def test_infrastructure_failures_are_transient_and_the_messages_own_are_not():
     for exc in (ConnectionResetError(), asyncio.TimeoutError(), OSError(), nats.errors.NoRespondersError(),
                 nats.errors.ConnectionClosedError(), asyncpg.exceptions.TooManyConnectionsError(),
-                asyncpg.exceptions.InvalidCachedStatementError()):
+                asyncpg.exceptions.InvalidCachedStatementError(),
+                asyncpg.InternalClientError("cannot switch to state 12; another operation (2) is in progress")):
         assert is_transient(exc), exc
     for exc in (ValueError("bad data"), KeyError("x"), RuntimeError(), asyncpg.exceptions.UniqueViolationError()):
         assert not is_transient(exc), exc
