@@ -91,7 +91,8 @@ def actor_of(module: str) -> str | None:
     return ACTORS[max(owners, key=len)] if owners else None
 
 
-def _resolve(module: str, is_package: bool, level: int, target: str | None) -> str:
+def resolve_import(module: str, is_package: bool, level: int, target: str | None) -> str:
+    """The absolute name of a (possibly relative) import in `module`."""
     if level == 0:
         return target or ""
     base = module.split(".") if is_package else module.split(".")[:-1]
@@ -114,7 +115,7 @@ class _Names:
                     self._bind(alias.asname or alias.name.split(".")[0], alias.name, None, modules, types,
                                whole=alias.asname is not None)
             elif isinstance(node, ast.ImportFrom):
-                source = _resolve(module, is_package, node.level, node.module)
+                source = resolve_import(module, is_package, node.level, node.module)
                 for alias in node.names:
                     self._bind(alias.asname or alias.name, source, alias.name, modules, types, whole=True)
 

@@ -19,6 +19,8 @@ from collections import defaultdict
 from functools import cache
 from pathlib import Path
 
+from levers9.contracts_flow import resolve_import
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -47,15 +49,6 @@ def module_files(mapping: dict[str, Path]) -> dict[str, Path]:
     return found
 
 
-def _resolve(module: str, is_package: bool, level: int, target: str | None) -> str:
-    """The absolute name of a (possibly relative) import in `module`."""
-    if level == 0:
-        return target or ""
-    base = module.split(".") if is_package else module.split(".")[:-1]
-    base = base[: len(base) - (level - 1)]
-    return ".".join([*base, target] if target else base)
-
-
 def _known(name: str, modules: set[str]) -> str | None:
     """The longest prefix of `name` that is one of our modules (None: not ours)."""
     parts = name.split(".")
@@ -74,7 +67,7 @@ def imports_of(module: str, path: Path, modules: set[str]) -> set[str]:
         if isinstance(node, ast.Import):
             targets = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
-            source = _resolve(module, is_package, node.level, node.module)
+            source = resolve_import(module, is_package, node.level, node.module)
             targets = [f"{source}.{alias.name}" if f"{source}.{alias.name}" in modules else source
                        for alias in node.names]
         else:

@@ -217,7 +217,7 @@ def ensure_private_criu(cache_dir: Path, progress: Progress = lambda s: None) ->
     if _complete(root) and wrapper.is_file() and wrapper.read_text() == script:
         return wrapper
     with open(root.parent / f".{SUITE}.lock", "w") as lock:
-        if not _try_lock(lock):
+        if not rootfs.try_lock(lock):
             progress(f"waiting for another worker to build {root}")
             fcntl.flock(lock, fcntl.LOCK_EX)
         if not _complete(root):  # else built by whoever held the lock
@@ -255,10 +255,3 @@ def _debootstrap(target: Path, mirror: str, progress: Progress) -> None:
     rootfs.debootstrap(SUITE, ("criu",), target, mirror, progress)
     progress(f"private Debian {SUITE} root built in {time.monotonic() - started:.0f} s")
 
-
-def _try_lock(lock) -> bool:
-    try:
-        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        return True
-    except BlockingIOError:
-        return False

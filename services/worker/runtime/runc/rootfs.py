@@ -119,7 +119,7 @@ def ensure_base_rootfs(cache_dir: Path, progress: Callable[[str], None] = lambda
         return final
     final.parent.mkdir(parents=True, exist_ok=True)
     with open(final.parent / f"{BASE_NAME}.lock", "w") as lock:
-        if not _try_lock(lock):
+        if not try_lock(lock):
             progress(f"waiting for another worker to build {final}")
             fcntl.flock(lock, fcntl.LOCK_EX)
         if final.is_dir():  # built by whoever held the lock
@@ -139,7 +139,8 @@ def ensure_base_rootfs(cache_dir: Path, progress: Callable[[str], None] = lambda
     return final
 
 
-def _try_lock(lock) -> bool:
+def try_lock(lock) -> bool:
+    """Take an exclusive flock on `lock` without waiting; False when another process holds it."""
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         return True
