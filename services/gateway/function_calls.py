@@ -14,6 +14,7 @@ import asyncio
 import functools
 import logging
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
 
@@ -32,6 +33,7 @@ BACKOFF_MAX_S = 10.0
 DEATH_WAIT_S = 3.0  # after a connection broke: how long to wait for the sandbox's own failure event
 MIN_CAPACITY_WAIT_S = 180.0  # a cold sandbox may need an image and a worker first
 SPAWNED_KEPT_S = 3600.0
+TRACEBACKS_KEPT = 1000  # the last failed calls' remote tracebacks, kept in memory
 UNDELIVERED_TRIES = 4  # sandboxes tried in one attempt while each refuses the call before it runs
 
 
@@ -57,6 +59,18 @@ def backoff(attempt: int) -> float:
     return min(BACKOFF_MAX_S, BACKOFF_S * 2 ** (attempt - 1))
 
 
+@dataclass(frozen=True)
+class Running:
+    workspace: str
+    cancel: asyncio.Event
+
+
+async def _follow(source: asyncio.Event, target: asyncio.Event) -> None:
+    """Set `target` once `source` is set (a stream's cancel reaches each of its calls)."""
+    await source.wait()
+    target.set()
+
+
 @dataclass
 class Spawned:
     call_id: str
@@ -72,6 +86,8 @@ class Calls:
         self.gw = gw
         self.log_queue: asyncio.Queue[tuple[E.Event, str, str]] = asyncio.Queue()
         self.spawned: dict[str, Spawned] = {}
+        self.running: dict[str, Running] = {}  # calls in flight in this process, by call id
+        self.tracebacks: OrderedDict[str, tuple[str, str]] = OrderedDict()  # call id -> (workspace, traceback)
 
     def record(self, event: E.Event, plan: Plan) -> None:
         self.log_queue.put_nowait((event, plan.workspace, plan.correlation_id))
@@ -89,7 +105,22 @@ class Calls:
                 log.exception("could not record %s of call %s", type(event).__name__, getattr(event, "call_id", ""))
 
     async def run(self, plan: Plan, call_id: str, args: bytes, sink: Sink, cancel: asyncio.Event) -> tuple[Outcome, int]:
-        """Run the call with its retries; (the last attempt's outcome, attempts made)."""
+        """Run the call with its retries; (the last attempt's outcome, attempts made). It can be
+        cancelled alone (POST /api/v1/calls/{id}/cancel) as well as with its stream's `cancel`."""
+        mine = self.running[call_id] = Running(plan.workspace, asyncio.Event())
+        link = asyncio.create_task(_follow(cancel, mine.cancel))
+        try:
+            outcome, n = await self._run(plan, call_id, args, sink, mine.cancel)
+        finally:
+            link.cancel()
+            del self.running[call_id]
+        if outcome.traceback:  # kept a while for GET /api/v1/calls/{id}: the log never holds it
+            self.tracebacks[call_id] = (plan.workspace, outcome.traceback)
+            while len(self.tracebacks) > TRACEBACKS_KEPT:
+                self.tracebacks.popitem(last=False)
+        return outcome, n
+
+    async def _run(self, plan: Plan, call_id: str, args: bytes, sink: Sink, cancel: asyncio.Event) -> tuple[Outcome, int]:
         attempts = plan.retries + 1
         for n in range(1, attempts + 1):
             began = time.monotonic()

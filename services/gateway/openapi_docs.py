@@ -50,10 +50,14 @@ BY_MODULE: dict[str, tuple[int, ...]] = {
     "routes_invoke": (404, 410, 413, 502, 504),
     "routes_volumes": (400, 404, 409, 413),
     "routes_clusters": (400, 404, 409),
+    "routes_events": (),
+    "routes_calls": (404, 409),
+    "routes_stats": (404,),
 }
 PUBLIC = {"/healthz", "/metrics"}
 # routes whose success body is not JSON
-CONTENT_TYPES = {"/metrics": "text/plain", "/api/v1/images/{image}/events": "application/x-ndjson"}
+CONTENT_TYPES = {"/metrics": "text/plain", "/api/v1/images/{image}/events": "application/x-ndjson",
+                 "/api/v1/events/stream": "text/event-stream"}
 # what a handler checks beyond the type FastAPI infers: said in the spec too (component -> field -> keywords)
 CONSTRAINTS: dict[str, dict[str, dict[str, Any]]] = {
     "VolumeRequest": {"name": {"pattern": r"^[a-z0-9][a-z0-9-]{0,62}$"}},  # levers9.contracts.volumes.VolumeName

@@ -14,15 +14,18 @@ from levers9.runtime import juicefs
 from levers9.runtime.views_clusters import ClustersView
 
 from . import (
+    routes_calls,
     routes_catalogues,
     routes_checkpoints,
     routes_clusters,
     routes_containers,
     routes_deployments,
+    routes_events,
     routes_functions,
     routes_images,
     routes_internal,
     routes_invoke,
+    routes_stats,
     routes_tokens,
     routes_volumes,
     routes_workers,
@@ -32,14 +35,17 @@ from .errors import install as install_error_handlers
 from .functions_grpc import serve as serve_functions
 from .openapi_docs import document
 from .state import Gateway
+from .views_events import CallsView, EventsView
 
 ROUTERS = (routes_tokens, routes_catalogues, routes_deployments, routes_images, routes_containers, routes_checkpoints, routes_workers,
-           routes_internal, routes_functions, routes_invoke, routes_volumes, routes_clusters)
+           routes_internal, routes_functions, routes_invoke, routes_volumes, routes_clusters, routes_events, routes_calls,
+           routes_stats)
 
 
 class GatewayService(Gateway):
-    # attached clusters (routes_clusters); state.Gateway's tuple type is narrower than Service's Sequence
-    projections = (*Gateway.projections, ClustersView())  # type: ignore[assignment]
+    # attached clusters (routes_clusters), the event index and the calls (routes_events, routes_calls);
+    # state.Gateway's tuple type is narrower than Service's Sequence
+    projections = (*Gateway.projections, ClustersView(), EventsView(), CallsView())  # type: ignore[assignment]
 
     def routes(self, app: FastAPI) -> None:
         app.state.gateway = self
