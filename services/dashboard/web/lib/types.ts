@@ -1,0 +1,176 @@
+// The shapes the dashboard's backend answers (the gateway's /api/v1 rows passed through, and the
+// backend's composed views). Fields the page does not read are left out; anything optional here may
+// be absent in an older backend, so pages check before they draw.
+
+export type Json = Record<string, unknown>;
+
+/** One event of the log, as /events streams it and /api/v1/events lists it. */
+export interface LevEvent {
+  seq: number;
+  id: string;
+  type: string;
+  version?: number;
+  occurred_at: string;
+  workspace: string;
+  aggregate: string;
+  aggregate_id: string;
+  correlation_id: string;
+  causation_id: string;
+  data: Json;
+}
+
+export interface Deployment {
+  deployment_id: string;
+  name: string;
+  version: number;
+  status: string;
+  created_at: string;
+  spec?: Json;
+}
+
+export interface Container {
+  container_id: string;
+  deployment_id: string;
+  deployment_name?: string | null;
+  deployment_version?: number;
+  status: string;
+  worker_id: string;
+  address?: string;
+  cpu_millicores: number;
+  memory_mib: number;
+  gpu?: string[];
+  gpu_count?: number;
+  pool: string;
+  checkpoint_id?: string;
+  restored_from?: string;
+  reason?: string;
+  note?: string;
+  exit_code?: number | null;
+  requested_at?: string | null;
+  ready_at?: string | null;
+  updated_at: string;
+  correlation_id: string;
+  attempt?: number;
+}
+
+export interface Worker {
+  worker_id: string;
+  pool: string;
+  status: string;
+  cpu_millicores: number;
+  memory_mib: number;
+  cpu_used: number;
+  memory_used: number;
+  gpu_type: string;
+  gpu_count: number;
+  gpu_used: number;
+  features: string[];
+  backend: string;
+  cordoned: boolean;
+  draining: boolean;
+  updated_at: string;
+  cluster?: string;
+}
+
+export interface Checkpoint {
+  checkpoint_id: string;
+  deployment_id: string;
+  deployment_version: number;
+  container_id: string;
+  worker_id: string;
+  status: string;
+  size_bytes: number;
+  accelerator?: string;
+  runtime?: string;
+  reason?: string;
+  created_at: string | null;
+  updated_at: string;
+  last_restored_at: string | null;
+  restores: number;
+}
+
+export interface ImageSummary {
+  image_id: string;
+  status: string;
+  size_bytes: number;
+  requested_at: string | null;
+  built_at: string | null;
+  updated_at: string;
+  steps: number;
+  reference: string;
+  requested_by: string;
+  reason: string;
+}
+
+export interface BuildStep {
+  index: number;
+  text: string;
+  state: string;
+  seconds?: number;
+  lines?: string[];
+}
+
+export interface ImageDetail extends Omit<ImageSummary, "steps"> {
+  steps: BuildStep[] | null;
+  builder?: string;
+  failing_step?: number;
+  log_tail?: string[] | null;
+  cached_steps?: number;
+}
+
+export interface FunctionCall {
+  call_id: string;
+  function: string;
+  deployment_id?: string;
+  status: string;
+  attempt?: number;
+  container_id?: string;
+  started_at?: string | null;
+  finished_at?: string | null;
+  duration_ms?: number | null;
+  error_type?: string;
+  error_message?: string;
+  reason?: string;
+  traceback?: string | null;
+  correlation_id?: string;
+}
+
+export interface NamedThing {
+  name: string;
+  created_at?: string;
+  updated_at?: string;
+}
+
+export interface Token {
+  token_id: string;
+  name: string;
+  revoked: boolean;
+  created_at: string;
+  scope: string;
+}
+
+export interface WaterfallPhase {
+  name: string;
+  at: string;
+  ms: number | null;
+}
+
+export interface Waterfall {
+  phases: WaterfallPhase[];
+  kind: string | null;
+  estimate: Json | null;
+}
+
+export interface ChainNode {
+  event: LevEvent;
+  children: ChainNode[];
+}
+
+export interface Chain {
+  roots: ChainNode[];
+}
+
+export interface Me {
+  workspace: string;
+  gateway_url?: string;
+}
