@@ -96,10 +96,11 @@ class CallsView(BatchedProjection):
             # an attempt that found no sandbox has no Started: the call began duration_ms before this
             return [(f"""INSERT INTO {t} (workspace, call_id, deployment_id, function, attempts, state, error_type,
                              reason, duration_ms, started_at, finished_at, correlation_id, last_seq)
-                         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10 - make_interval(secs => $9 / 1000.0),
-                             CASE WHEN $11 THEN NULL ELSE $10 END, $12, $13)
+                         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9::float8,
+                             $10::timestamptz - make_interval(secs => $9::float8 / 1000),
+                             CASE WHEN $11::boolean THEN NULL ELSE $10::timestamptz END, $12, $13)
                          ON CONFLICT (workspace, call_id) DO UPDATE SET state = $6, error_type = $7, reason = $8,
-                             duration_ms = {t}.duration_ms + $9, attempts = GREATEST({t}.attempts, $5),
+                             duration_ms = {t}.duration_ms + $9::float8, attempts = GREATEST({t}.attempts, $5),
                              finished_at = EXCLUDED.finished_at, last_seq = $13""",
                      (env.workspace, ev.call_id, ev.deployment_id, ev.function, ev.attempt,
                       "retrying" if ev.retrying else ev.outcome, ev.error_type, ev.reason, float(ev.duration_ms), at,
