@@ -52,7 +52,7 @@ async function follow(id: string, signal: AbortSignal, onLines: (lines: string[]
       if (parts.length) onLines(parts);
     }
     if (partial) onLines([partial]);
-    onNote("the log ended (the container stopped)");
+    onNote("the log stream ended; it opens again when the container starts");
   } catch (err) {
     if ((err as Error).name !== "AbortError") onNote(`logs: ${(err as Error).message}`);
   }

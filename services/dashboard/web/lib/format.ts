@@ -30,6 +30,7 @@ export function ago(iso: string | null | undefined, now: number = Date.now()): s
 
 export function ms(value: number | null | undefined): string {
   if (value === null || value === undefined || !Number.isFinite(value)) return "–";
+  if (value === 0) return "0 ms";
   if (value < 1) return `${value.toFixed(2)} ms`;
   if (value < 1000) return `${Math.round(value)} ms`;
   return `${(value / 1000).toFixed(value < 10000 ? 2 : 1)} s`;

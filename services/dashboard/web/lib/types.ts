@@ -122,8 +122,10 @@ export interface FunctionCall {
   call_id: string;
   function: string;
   deployment_id?: string;
-  status: string;
-  attempt?: number;
+  /** running | retrying | ok | error | timeout | cancelled | failed */
+  state: string;
+  mode?: string;
+  attempts?: number;
   container_id?: string;
   started_at?: string | null;
   finished_at?: string | null;
@@ -173,4 +175,52 @@ export interface Chain {
 export interface Me {
   workspace: string;
   gateway_url?: string;
+}
+
+/** GET /api/overview (levers9.dashboard.views) */
+export interface Free {
+  cpu_millicores: number;
+  memory_mib: number;
+  gpus: number;
+}
+
+export interface OverviewPool {
+  pool: string;
+  workers: number;
+  ready: number;
+  free: Free;
+  gpu_types: string[];
+}
+
+export interface OverviewWorker {
+  worker_id: string;
+  pool: string;
+  status: string;
+  cordoned: boolean;
+  draining: boolean;
+  gpu_type: string;
+  gpu_count: number;
+  cluster?: string;
+  free: Free;
+}
+
+export interface OverviewFailure {
+  seq: number;
+  at: string;
+  type: string;
+  aggregate: string;
+  aggregate_id: string;
+  correlation_id: string;
+  reason: string;
+}
+
+export interface Overview {
+  workspace: string;
+  deployments: { name: string; version: number; status: string; deployment_id: string; created_at: string;
+    versions: { version: number; status: string; deployment_id: string }[] }[];
+  containers: { by_state: Record<string, number>; live: number; total: number; ended: number };
+  workers: OverviewWorker[];
+  pools: OverviewPool[];
+  failures: OverviewFailure[];
+  failures_note?: string;
 }

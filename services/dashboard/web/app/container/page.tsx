@@ -1,7 +1,7 @@
 "use client";
 // One container: what it is, its cold-start waterfall, its live log, and its events. Another
 // workspace's container (or none) is a 404 here, as the backend answers.
-import { Suspense } from "react";
+import { Suspense, type ReactNode } from "react";
 import { ActionButton } from "@/components/ActionButton";
 import { EventTable } from "@/components/EventTable";
 import { ChainLink, DeploymentLink } from "@/components/Links";
@@ -48,7 +48,7 @@ function ContainerView() {
 }
 
 function Facts({ c }: { c: Container }) {
-  const facts: [string, React.ReactNode][] = [
+  const facts: [string, ReactNode][] = [
     ["deployment", <DeploymentLink key="d" name={c.deployment_name} />],
     ["worker", <span key="w" className="mono">{c.worker_id || "–"}</span>],
     ["pool", c.pool],

@@ -4,6 +4,7 @@
 import { Suspense } from "react";
 import { ActionButton } from "@/components/ActionButton";
 import { ColdStartChart } from "@/components/ColdStartChart";
+import { StartTimes } from "@/components/StartTimes";
 import { LineChart } from "@/components/LineChart";
 import { ContainerLink } from "@/components/Links";
 import { ErrorNote, Loading, NotFound, Section, StatusPill } from "@/components/Status";
@@ -11,7 +12,7 @@ import { Table } from "@/components/Table";
 import { seg } from "@/lib/api";
 import { byName } from "@/lib/deployments";
 import { ago, bytes, ms, shortId, timeOf } from "@/lib/format";
-import { toStats } from "@/lib/stats";
+import { toStats, type RawStats } from "@/lib/stats";
 import type { Checkpoint, Container, Deployment } from "@/lib/types";
 import { about, useResource } from "@/lib/useResource";
 import { useQueryParam } from "@/lib/useQueryParam";
@@ -47,7 +48,7 @@ function DeploymentView() {
 }
 
 function Stats({ name }: { name: string }) {
-  const { data, error } = useResource<unknown>(`/api/v1/deployments/${seg(name)}/stats`, { minutes: 60 },
+  const { data, error } = useResource<RawStats>(`/api/v1/deployments/${seg(name)}/stats`, { minutes: 60 },
     about(["call", "container"]));
   const stats = data ? toStats(data) : null;
   return (
@@ -59,7 +60,8 @@ function Stats({ name }: { name: string }) {
           <div className="charts">
             <LineChart title="calls per minute" series={stats.calls} unit="" />
             <LineChart title="latency p50 / p99" series={stats.latency} unit=" ms" />
-            <ColdStartChart kinds={stats.coldStarts} />
+            <ColdStartChart kinds={stats.kinds} />
+            <StartTimes starts={stats.starts} />
           </div>
           {stats.notes.length > 0 && <ul className="notes">{stats.notes.map((n) => <li key={n}>{n}</li>)}</ul>}
         </>
