@@ -32,9 +32,14 @@ pkg-config --exists fuse3 2>/dev/null || need_apt+=(libfuse3-dev)
 command -v s3fs >/dev/null || need_apt+=(s3fs)
 # --test: podman and podman-compose, to run docker-compose.yml (README "docker-compose"); podman,
 # not docker.io, whose daemon sets the FORWARD policy to DROP and loads br_netfilter (FACTS)
+# the dashboard's web app is built with Node and npm (Next.js 16 needs Node >= 20.9; see the build below)
+command -v node >/dev/null || need_apt+=(nodejs)
+command -v npm >/dev/null || need_apt+=(npm)
 if [ -n "$extras" ]; then
   command -v podman >/dev/null || need_apt+=(podman)
   command -v podman-compose >/dev/null || need_apt+=(podman-compose)
+  # tests/browser drive Debian's chromium with Playwright (its own browser download cannot work here)
+  [ -x /usr/bin/chromium ] || need_apt+=(chromium)
 fi
 if [ ${#need_apt[@]} -gt 0 ]; then
   if [ "$(id -u)" -ne 0 ]; then
@@ -59,4 +64,24 @@ fi
 .venv/bin/python -m pip install -q --disable-pip-version-check --upgrade pip
 echo "setup: installing levers9${extras} into .venv"
 .venv/bin/python -m pip install -q --disable-pip-version-check -e ".${extras}"
+# The dashboard's web app (services/dashboard/web, a Next.js static export that levers9.dashboard serves
+# from web/out/): built when out/ is missing or its sources changed since (a hash of them in out/).
+# npm reaches only its registry (package-lock.json pins every package); Next's telemetry is off.
+web=services/dashboard/web
+web_sources() {  # the files git would track there (build output is ignored), as one hash
+  (cd "$web" && git ls-files -z --cached --others --exclude-standard . | LC_ALL=C sort -z | xargs -0 sha256sum \
+    | sha256sum | cut -d' ' -f1)
+}
+web_hash=$(web_sources)
+if [ "$(cat "$web/out/.sources.sha256" 2>/dev/null)" != "$web_hash" ]; then
+  if ! node -e 'const [a, b] = process.versions.node.split(".").map(Number); process.exit(a > 20 || (a === 20 && b >= 9) ? 0 : 1)'; then
+    echo "setup: the dashboard's web app needs Node >= 20.9 (this is $(node --version)); not built, the dashboard serves placeholder pages" >&2
+  else
+    echo "setup: building the dashboard's web app (npm ci && npm run build in $web)"
+    (cd "$web" && export NEXT_TELEMETRY_DISABLED=1 && npm ci --no-audit --no-fund --loglevel=error >/dev/null \
+      && npm run build >/dev/null)
+    echo "$web_hash" > "$web/out/.sources.sha256"
+  fi
+fi
+
 echo "setup: done ($(.venv/bin/levers9 --help >/dev/null && echo 'levers9 CLI ok'))"
