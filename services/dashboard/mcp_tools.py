@@ -45,20 +45,27 @@ def build(upstream: Upstream) -> MCPServer:
         "levers9 runs code in containers and restores checkpoints instead of booting cold. These tools act "
         "in the workspace of your token: list deployments and containers, read logs, call endpoints and "
         "functions, replay one correlation id's events, explain a container's cold start, stop a deployment."))
+    _reading_tools(server, upstream)
+    _calling_tools(server, upstream)
+    _explaining_tools(server, upstream)
+    return server
 
+
+async def _who(upstream: Upstream, ctx: Context) -> Caller:
+    token = _token(ctx)
+    found = await upstream.whoami(token)
+    if found is None:
+        raise ToolError("the gateway does not accept this token")
+    return Caller(token=token, workspace=str(found["workspace"]), via="bearer")
+
+
+def _reading_tools(server: MCPServer, upstream: Upstream) -> None:
     async def get(ctx: Context, path: str, params: Any = None) -> Any:
         try:
             status, body, _ = await upstream.get_json(_token(ctx), path, params)
         except GatewayDown as exc:
             raise ToolError(str(exc)) from None
         return _body(status, body, path)
-
-    async def who(ctx: Context) -> Caller:
-        token = _token(ctx)
-        found = await upstream.whoami(token)
-        if found is None:
-            raise ToolError("the gateway does not accept this token")
-        return Caller(token=token, workspace=str(found["workspace"]), via="bearer")
 
     @server.tool()
     async def list_deployments(ctx: Context) -> list[dict[str, Any]]:
@@ -82,15 +89,19 @@ def build(upstream: Upstream) -> MCPServer:
             _body(r.status_code, _json(r.text), f"logs of {container_id}")
         return "\n".join(r.text.splitlines()[-max(1, lines):])
 
+
+def _calling_tools(server: MCPServer, upstream: Upstream) -> None:
     @server.tool()
     async def call_endpoint(ctx: Context, name: str, path: str = "", method: str = "GET",
-                            body: str | None = None) -> dict[str, Any]:
-        """Call a deployed endpoint (/endpoint/NAME/PATH) and return its status and body."""
+                            body: str | dict[str, Any] | list[Any] | None = None) -> dict[str, Any]:
+        """Call a deployed endpoint (/endpoint/NAME/PATH) with a body (text, or JSON as an object) and
+        return its status and body."""
         if method.upper() not in ("GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"):
             raise ToolError(f"unknown method {method!r}")
         url = f"/endpoint/{quote(name, safe='')}/{quote(path.lstrip('/'), safe='/')}"
         r = await upstream.http.request(method.upper(), f"{upstream.base_url}{url}",
-                                        content=body.encode() if body is not None else None,
+                                        content=None if body is None else body.encode() if isinstance(body, str)
+                                        else json.dumps(body).encode(),
                                         headers={**upstream.auth(_token(ctx)), "Content-Type": "application/json"},
                                         timeout=120.0)
         return {"status": r.status_code, "body": r.text[:100_000]}
@@ -105,10 +116,18 @@ def build(upstream: Upstream) -> MCPServer:
         return {"status": r.status_code, **_json(r.text)}
 
     @server.tool()
+    async def stop_deployment(ctx: Context, name: str) -> dict[str, Any]:
+        """Stop a deployment: its containers are stopped; it can be deployed again."""
+        r = await upstream.request("POST", _token(ctx), f"/api/v1/deployments/{quote(name, safe='')}/stop")
+        return _body(r.status_code, _json(r.text), f"stop {name}")
+
+
+def _explaining_tools(server: MCPServer, upstream: Upstream) -> None:
+    @server.tool()
     async def events_by_correlation(ctx: Context, correlation_id: str) -> dict[str, Any]:
         """Every event of one correlation id, as a tree by causation (what caused what)."""
         try:
-            return await chain_of(upstream, await who(ctx), correlation_id)
+            return await chain_of(upstream, await _who(upstream, ctx), correlation_id)
         except Refused as exc:
             raise ToolError(exc.detail) from None
 
@@ -116,17 +135,9 @@ def build(upstream: Upstream) -> MCPServer:
     async def explain_cold_start(ctx: Context, container_id: str) -> str:
         """How a container started: requested, placed, restored or started, ready, first answer, with times."""
         try:
-            return as_text(await waterfall_of(upstream, await who(ctx), container_id))
+            return as_text(await waterfall_of(upstream, await _who(upstream, ctx), container_id))
         except Refused as exc:
             raise ToolError(exc.detail) from None
-
-    @server.tool()
-    async def stop_deployment(ctx: Context, name: str) -> dict[str, Any]:
-        """Stop a deployment: its containers are stopped; it can be deployed again."""
-        r = await upstream.request("POST", _token(ctx), f"/api/v1/deployments/{quote(name, safe='')}/stop")
-        return _body(r.status_code, _json(r.text), f"stop {name}")
-
-    return server
 
 
 def _json(text: str) -> dict[str, Any]:

@@ -59,8 +59,8 @@ async def pass_through(path: str, request: Request) -> Response:
             body = [{k: v for k, v in s.items() if k in SECRET_FIELDS} for s in body if isinstance(s, dict)]
         return gateway_json(status, body, headers)
     resp = await upstream.open_stream("GET", who.token, f"/api/v1/{path}", params=request.query_params)
-    headers = {k: v for k, v in resp.headers.items() if k.lower() in KEPT_HEADERS}
-    return StreamingResponse(resp.aiter_raw(), status_code=resp.status_code, headers=headers,
+    kept = {k: v for k, v in resp.headers.items() if k.lower() in KEPT_HEADERS}
+    return StreamingResponse(resp.aiter_raw(), status_code=resp.status_code, headers=kept,
                              background=BackgroundTask(resp.aclose))
 
 

@@ -91,7 +91,8 @@ class Upstream:
 
 async def sse_messages(lines: AsyncIterator[str]) -> AsyncIterator[tuple[str, str, str]]:
     """(id, event, data) of each Server-Sent Events message in `lines`; comments are skipped."""
-    msg_id, event, data = "", "", []
+    msg_id, event = "", ""
+    data: list[str] = []
     async for line in lines:
         if not line:
             if data:

@@ -71,7 +71,7 @@ def workers_view(rows: Iterable[dict[str, Any]]) -> dict[str, Any]:
 def failures_view(events: Iterable[dict[str, Any]], limit: int = 20) -> list[dict[str, Any]]:
     out = []
     for e in events:
-        data = e.get("data") if isinstance(e.get("data"), dict) else {}
+        data: dict[str, Any] = e["data"] if isinstance(e.get("data"), dict) else {}
         reason = data.get("reason") or data.get("error") or data.get("error_type") or ""
         out.append({"seq": e.get("seq"), "at": e.get("occurred_at"), "type": e.get("type"),
                     "aggregate": e.get("aggregate"), "aggregate_id": e.get("aggregate_id"),
@@ -84,7 +84,7 @@ def chain(correlation_id: str, events: Iterable[dict[str, Any]]) -> dict[str, An
     caused it, in log order. An event whose cause is not in the chain is a root; so is one that a
     causation loop or MAX_DEPTH would hide (never dropped)."""
     evs = sorted({str(e.get("id")): e for e in events}.values(), key=lambda e: int(e.get("seq") or 0))
-    nodes = {str(e.get("id")): {"event": e, "children": []} for e in evs}
+    nodes: dict[str, dict[str, Any]] = {str(e.get("id")): {"event": e, "children": []} for e in evs}
     children: dict[str, list[str]] = collections.defaultdict(list)
     roots: list[str] = []
     for e in evs:

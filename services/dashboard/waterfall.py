@@ -87,7 +87,7 @@ def waterfall(container_id: str, events: Iterable[dict[str, Any]]) -> dict[str, 
     """{"container_id", "phases": [{"name", "at", "ms"}], "kind", "estimate"}. `events` may hold
     other aggregates' events (its calls'); only this container's and its calls' are used."""
     evs = _ordered(events)
-    own = [e for e in evs if e.get("aggregate_id") == container_id or _data(e).get("container_id") == container_id]
+    own = [e for e in evs if e.get("aggregate_id") == container_id and e.get("aggregate", "container") == "container"]
     phases: list[dict[str, Any]] = []
     at: dict[str, dt.datetime] = {}
     found: dict[str, dict[str, Any]] = {}
@@ -106,6 +106,7 @@ def waterfall(container_id: str, events: Iterable[dict[str, Any]]) -> dict[str, 
         if ev is None:
             continue
         t = parse_time(str(ev["occurred_at"]))
+        t = t.replace(microsecond=t.microsecond // 1000 * 1000)  # what `at` shows, so the ms add up
         if previous is not None and t < previous:  # clocks of two machines: never a phase before its cause
             t = previous
         label = "restored" if name == "started" and _data(ev).get("restored_from") else name

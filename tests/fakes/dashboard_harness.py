@@ -12,8 +12,8 @@ from typing import Any, AsyncIterator
 
 import httpx
 
-from levers9.dashboard.app import Config, create, running
 from fakes.fake_gateway import FakeGateway, serving
+from levers9.dashboard.app import Config, create, running
 
 
 @dataclass

@@ -19,7 +19,7 @@ from typing import Any, AsyncIterator
 
 import uvicorn
 from fastapi import FastAPI, HTTPException, Query, Request, Response
-from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from fastapi.responses import PlainTextResponse, StreamingResponse
 
 from levers9.runtime.ports import free_port
 from levers9.runtime.service import _Server
