@@ -20,6 +20,7 @@ from levers9.cli_app import register as _register_app_commands
 from levers9.cli_catalogue import catalogue_app
 from levers9.cli_clusters import register as _register_cluster_commands
 from levers9.cli_contracts import register as _register_contract_commands
+from levers9.cli_dashboard import register as _register_dashboard_command
 from levers9.cli_functions import register as _register_function_commands
 from levers9.cli_images import register as _register_image_commands
 from levers9.cli_nats import nats_app
@@ -46,6 +47,7 @@ _register_contract_commands(contracts_app)
 _register_secret_commands()
 _register_volume_commands(app)
 _register_cluster_commands(app)
+_register_dashboard_command(app)
 
 console = Console(stderr=True, soft_wrap=True)
 out = Console(width=None if sys.stdout.isatty() else 250)  # pipes and files get whole lines
@@ -84,7 +86,7 @@ def need(url: str, what: str) -> str:
 
 @app.command()
 def service(name: str = typer.Argument(..., help=f"one of: {', '.join(SERVICES)}")) -> None:
-    """Run one service process in the foreground (what `levers9 up` starts six of)."""
+    """Run one service process in the foreground (what `levers9 up` starts six of, and the dashboard)."""
     from levers9.services import service_class
 
     cls = service_class(name)
@@ -94,7 +96,7 @@ def service(name: str = typer.Argument(..., help=f"one of: {', '.join(SERVICES)}
 
 @app.command()
 def up(json_out: bool = typer.Option(False, "--json", help="print the status as JSON")) -> None:
-    """Start NATS, PostgreSQL, S3 and the six services on this machine; write the profile."""
+    """Start NATS, PostgreSQL, S3, the six services and the dashboard on this machine; write the profile."""
     from levers9.cli_secrets import ensure_keyring
     from levers9.runtime.tokens import mint
     from levers9.stack import Stack, StackError

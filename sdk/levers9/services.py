@@ -11,6 +11,7 @@ SERVICE_CLASSES = {
     "checkpoint-store": "levers9.checkpoint_store.service:CheckpointStoreService",
     "image-builder": "levers9.image_builder.service:ImageBuilderService",
     "worker": "levers9.worker.service:WorkerService",
+    "dashboard": "levers9.dashboard.service:DashboardService",
 }
 
 

@@ -22,12 +22,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator, NamedTuple
 
+from levers9.runtime.config import SERVICES
+
 from .procs import Progress, StackError, log_tail, port_taken
 
 if TYPE_CHECKING:
     from levers9.runtime.config import Settings
 
 SERVERS = ("nats", "postgres", "s3", "registry")
+# what `levers9 up` starts after the servers: the six services, and the dashboard (a client of the
+# gateway like any other: no database or bus credentials, levers9.dashboard)
+PROCESSES = (*SERVICES, "dashboard")
 # the Settings field (and so LEVERS9_<KEY>) that names each server; the registry's is host:port
 URL_KEYS = {"nats": "nats_url", "postgres": "database_url", "s3": "s3_endpoint", "registry": "registry"}
 

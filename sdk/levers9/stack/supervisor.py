@@ -25,10 +25,10 @@ from pathlib import Path
 
 import psutil
 
-from levers9.runtime.config import SERVICES, Settings
+from levers9.runtime.config import Settings
 
 from . import nats_server, postgres, reaper, registry, s3, service_env
-from .home import CHILDREN, SERVERS, Home, Launch, Server
+from .home import CHILDREN, PROCESSES, SERVERS, Home, Launch, Server
 from .procs import (
     LOCALHOST,
     Progress,
@@ -374,7 +374,7 @@ class Stack:
 
     # ---- up, down, status --------------------------------------------------------------------
 
-    def up(self, services: tuple[str, ...] | list[str] = SERVICES, progress: Progress = quiet) -> dict:
+    def up(self, services: tuple[str, ...] | list[str] = PROCESSES, progress: Progress = quiet) -> dict:
         """Start the servers, then every service of `services` that is not running and healthy.
 
         Returns the state: `nats_url`, `database_url`, `s3_endpoint`, `gateway_url` and, under
@@ -410,7 +410,7 @@ class Stack:
         """Stop services, then the registry, S3, NATS and Postgres; nothing this home started stays alive."""
         with self.files.locked():
             state = self.read_state()
-            services = list(dict.fromkeys(n for n in (*SERVICES, *state["components"]) if n not in LAUNCHERS))
+            services = list(dict.fromkeys(n for n in (*PROCESSES, *state["components"]) if n not in LAUNCHERS))
             # workers the pool controller started are its children: stopping it must not SIGKILL
             # them two seconds later (their containers, mounts and namespaces would be left behind)
             managed = frozenset(p.pid for p in self._strays(tuple(services)) if self._managed(p))
@@ -460,7 +460,7 @@ class Stack:
     def status(self) -> list[ComponentStatus]:
         """Every component, probed for real; each probe times out within a second, all at once."""
         state = self.read_state()
-        names = (*SERVERS, *SERVICES)
+        names = (*SERVERS, *PROCESSES)
         with concurrent.futures.ThreadPoolExecutor(len(names)) as pool:
             return list(pool.map(lambda n: self._probe(n, state["components"].get(n, {})), names))
 
