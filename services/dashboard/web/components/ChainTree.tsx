@@ -32,7 +32,7 @@ export function ChainTree({ roots }: { roots: ChainNode[] }) {
             <span className="chain-event" style={{ paddingLeft: `${depth * 14}px` }}>
               {depth > 0 && <span className="chain-elbow" aria-hidden>└</span>}
               <strong>{event.type}</strong>{" "}
-              <Link className="mono quiet" href={`/events/?aggregate=${event.aggregate}&aggregate_id=${encodeURIComponent(event.aggregate_id)}`}>
+              <Link className="mono quiet" href={`/log/?aggregate=${event.aggregate}&aggregate_id=${encodeURIComponent(event.aggregate_id)}`}>
                 {event.aggregate} {shortId(event.aggregate_id)}
               </Link>
             </span>

@@ -17,7 +17,7 @@ const COLUMNS: Column<LevEvent>[] = [
   {
     title: "aggregate",
     cell: (e) => (
-      <Link className="mono" href={`/events/?aggregate=${e.aggregate}&aggregate_id=${encodeURIComponent(e.aggregate_id)}`}>
+      <Link className="mono" href={`/log/?aggregate=${e.aggregate}&aggregate_id=${encodeURIComponent(e.aggregate_id)}`}>
         {e.aggregate} {shortId(e.aggregate_id)}
       </Link>
     ),

@@ -17,7 +17,7 @@ const NAV: [string, string][] = [
   ["/images/", "Images"],
   ["/checkpoints/", "Checkpoints"],
   ["/workers/", "Workers"],
-  ["/events/", "Events"],
+  ["/log/", "Event log"],
   ["/volumes/", "Volumes"],
   ["/secrets/", "Secrets"],
   ["/tokens/", "Tokens"],
@@ -27,7 +27,7 @@ const NAV: [string, string][] = [
 function section(pathname: string): string {
   const singular: Record<string, string> = {
     "/deployment/": "/deployments/", "/container/": "/containers/", "/call/": "/calls/",
-    "/image/": "/images/", "/chain/": "/events/",
+    "/image/": "/images/", "/chain/": "/log/",
   };
   return singular[pathname] ?? pathname;
 }

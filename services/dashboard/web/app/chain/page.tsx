@@ -22,7 +22,7 @@ function ChainView() {
       <h1 className="mono">chain {id}</h1>
       <p className="note">
         Each event under the one that caused it, placed on one time axis from the first.{" "}
-        <Link href={`/events/?correlation_id=${encodeURIComponent(id)}`}>as a list</Link>
+        <Link href={`/log/?correlation_id=${encodeURIComponent(id)}`}>as a list</Link>
       </p>
       <Section title="Causal chain">
         <ChainTree roots={data.roots} />

@@ -1,5 +1,5 @@
 "use client";
-// The event log, newest first: filters (type, aggregate and its id, time window, correlation id)
+// The event log (/log/: `/events` is the backend's SSE stream), newest first: filters (type, aggregate and its id, time window, correlation id)
 // kept in the URL so a filtered view can be shared; pages back by seq. On the first page, new
 // matching events appear as they happen.
 import { Suspense, useState, type FormEvent } from "react";
@@ -36,7 +36,7 @@ function EventsView() {
     before ? null : matches(filters));
   return (
     <>
-      <h1>Events</h1>
+      <h1>Event log</h1>
       <FilterForm filters={filters} onApply={() => setTrail([])} />
       <ErrorNote error={error} />
       {!data && !error && <Loading what="events" />}
@@ -66,7 +66,7 @@ function FilterForm({ filters, onApply }: { filters: Filters; onApply: () => voi
       if (value) query.set(key, value);
     }
     onApply();
-    router.push(`/events/${query.size ? `?${query}` : ""}`);
+    router.push(`/log/${query.size ? `?${query}` : ""}`);
   };
   const key = FILTERS.map((k) => filters[k]).join("|"); // a new URL resets the form's fields
   return (
