@@ -1,0 +1,190 @@
+"""Benchmark: an appended event reaching N browsers' `/events` streams through the dashboard.
+
+  python bench/bench_dashboard_sse.py [--clients 20] [--rate 200] [--seconds 20]      (a FAKE gateway)
+  python bench/bench_dashboard_sse.py --stack [...]                 (the running `levers9 up` stack)
+
+--stack (the figure the issue asks for): the stack of $LEVERS9_HOME (`levers9 up` first). Events are
+appended to the log (JetStream, as the admin) at --rate per second, open loop, for --seconds:
+ContainerCheckpointRequested of made-up container ids in workspace `default` (no worker owns them,
+so nothing acts on them; the gateway indexes and streams them). The path measured is the whole
+one: publish -> JetStream -> the gateway's ordered consumer -> its SSE stream -> the dashboard's hub
+-> N client streams; latency = the client's receipt - the publish call's start, by event id.
+
+Without --stack: the FAKE gateway of tests/fakes (in this process) appends and streams; the
+dashboard is its own process (`levers9 service dashboard`) either way, so its CPU is its own:
+CPU s / wall s of the dashboard's process while streaming, with 1 client and with N (the
+difference / (N-1) is the CPU one more client costs). Target: p99 <= 250 ms at 200 events/s, 20 clients.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from _common import cpu_seconds, log, percentiles, verdict, write_results  # noqa: E402
+
+
+class Clients:
+    """N /events readers; `seen[event id]` = receipt times."""
+
+    def __init__(self, url: str, token: str, n: int) -> None:
+        self.url, self.token, self.n = url, token, n
+        self.received: dict[str, list[float]] = {}
+        self.tasks: list[asyncio.Task] = []
+        self.opened = 0
+
+    async def one(self, ready: asyncio.Event) -> None:
+        async with httpx.AsyncClient(trust_env=False, timeout=httpx.Timeout(30, read=None)) as c, \
+                c.stream("GET", f"{self.url}/events", headers={"Authorization": f"Bearer {self.token}"}) as r:
+            assert r.status_code == 200, await r.aread()
+            self.opened += 1
+            if self.opened == self.n:
+                ready.set()
+            async for line in r.aiter_lines():
+                if line.startswith("data: "):
+                    now = time.perf_counter()
+                    self.received.setdefault(json.loads(line[6:])["id"], []).append(now)
+
+    async def start(self) -> None:
+        ready = asyncio.Event()
+        self.tasks = [asyncio.create_task(self.one(ready)) for _ in range(self.n)]
+        await asyncio.wait_for(ready.wait(), 30)
+
+    async def stop(self) -> None:
+        for t in self.tasks:
+            t.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+
+
+async def start_dashboard(gateway_url: str, home: Path) -> tuple[subprocess.Popen, str]:
+    from levers9.runtime.ports import free_port
+
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LEVERS9_")}
+    env.update(LEVERS9_HOME=str(home), LEVERS9_GATEWAY_URL=gateway_url, LEVERS9_HTTP_PORT=str(port),
+               LEVERS9_SERVICE="dashboard", LEVERS9_LOG_LEVEL="WARNING")
+    proc = subprocess.Popen([sys.executable, "-m", "levers9", "service", "dashboard"], env=env,
+                            stdout=subprocess.DEVNULL, stderr=open(home / "dashboard.log", "wb"))
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    async with httpx.AsyncClient(trust_env=False) as c:
+        while time.monotonic() < deadline:
+            try:
+                if (await c.get(f"{url}/healthz", timeout=5)).status_code == 200:
+                    return proc, url
+            except httpx.HTTPError:
+                pass
+            await asyncio.sleep(0.1)  # polling its /healthz until it answers
+    raise RuntimeError(f"the dashboard did not start; see {home / 'dashboard.log'}")
+
+
+async def offer(append, rate: float, seconds: float) -> dict[str, float]:
+    """Call `append()` (returns the event id) at `rate`/s, open loop; publish times by id."""
+    sent: dict[str, float] = {}
+    start = time.perf_counter()
+    for i in range(int(rate * seconds)):
+        due = start + i / rate
+        delay = due - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)  # pacing the offered load
+        t = time.perf_counter()
+        sent[await append()] = t
+    return sent
+
+
+async def run_phase(url: str, token: str, pid: int, n: int, append, rate: float, seconds: float) -> dict:
+    clients = Clients(url, token, n)
+    await clients.start()
+    await asyncio.sleep(0.5)  # the hub's upstream connects after the first client
+    cpu0, wall0 = cpu_seconds(pid), time.perf_counter()
+    sent = await offer(append, rate, seconds)
+    last = max(sent.values())
+    while time.perf_counter() - last < 5 and sum(len(clients.received.get(i, [])) for i in sent) < n * len(sent):
+        await asyncio.sleep(0.05)  # the stragglers, at most 5 s after the last append
+    cpu, wall = cpu_seconds(pid) - cpu0, time.perf_counter() - wall0
+    await clients.stop()
+    lat = [(t - sent[i]) * 1000 for i in sent for t in clients.received.get(i, [])]
+    missing = n * len(sent) - len(lat)
+    return {"clients": n, "events": len(sent), "deliveries": len(lat), "missing": missing,
+            "latency": percentiles(lat), "dashboard_cpu_s": round(cpu, 3), "wall_s": round(wall, 2),
+            "dashboard_cpu_pct_of_a_core": round(100 * cpu / wall, 2)}
+
+
+async def fake_mode(args) -> dict:
+    from fakes.fake_gateway import FakeGateway, serving
+
+    gw = FakeGateway()
+    async with serving(gw.app) as gateway_url:
+        with tempfile.TemporaryDirectory(prefix="levers9-bench-dash-") as tmp:
+            proc, url = await start_dashboard(gateway_url, Path(tmp))
+            try:
+                async def append() -> str:
+                    ev = await gw.append("ws-a", "ContainerCheckpointRequested", "container", str(uuid.uuid4()))
+                    return ev["id"]
+
+                one = await run_phase(url, "tok-a", proc.pid, 1, append, args.rate, args.seconds)
+                many = await run_phase(url, "tok-a", proc.pid, args.clients, append, args.rate, args.seconds)
+            finally:
+                proc.terminate()
+                proc.wait(10)
+    return {"gateway": "fake (tests/fakes, in the benchmark's process)", "one_client": one, "n_clients": many}
+
+
+async def stack_mode(args) -> dict:
+    from levers9.contracts import envelope
+    from levers9.contracts import events as E
+    from levers9.runtime.bus import Bus
+    from levers9.runtime.bus_auth import BusAuth
+    from levers9.runtime.config import Settings
+
+    s = Settings.load()
+    state = json.loads((s.home_path / "state.json").read_text())["components"]
+    url, pid = state["dashboard"]["url"], state["dashboard"]["pid"]
+    bus = await Bus.connect(state["nats"]["url"], name="bench-dashboard", auth=BusAuth.from_settings(s))
+    try:
+        async def append() -> str:
+            env = envelope(E.ContainerCheckpointRequested(container_id=f"bench-{uuid.uuid4()}"), workspace="default")
+            await bus.publish(env)
+            return env.id
+
+        one = await run_phase(url, s.client.token, pid, 1, append, args.rate, args.seconds)
+        many = await run_phase(url, s.client.token, pid, args.clients, append, args.rate, args.seconds)
+    finally:
+        await bus.close()
+    return {"gateway": f"the levers9 up stack of {s.home_path} (real NATS, gateway, dashboard)", "one_client": one,
+            "n_clients": many}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--clients", type=int, default=20)
+    p.add_argument("--rate", type=float, default=200)
+    p.add_argument("--seconds", type=float, default=20)
+    p.add_argument("--stack", action="store_true", help="the running stack of $LEVERS9_HOME")
+    args = p.parse_args()
+    doc = asyncio.run(stack_mode(args) if args.stack else fake_mode(args))
+    one, many = doc["one_client"], doc["n_clients"]
+    per_client = (many["dashboard_cpu_pct_of_a_core"] - one["dashboard_cpu_pct_of_a_core"]) / max(1, args.clients - 1)
+    doc.update(rate=args.rate, seconds=args.seconds, cpu_pct_per_extra_client=round(per_client, 3),
+               verdict=verdict(many["latency"].get("p99_ms", 1e9), 250, higher_is_better=False))
+    write_results("dashboard_sse" + ("_stack" if args.stack else ""), doc)
+    log(f"{args.clients} clients at {args.rate:.0f} events/s: p50 {many['latency'].get('p50_ms')} ms, "
+        f"p99 {many['latency'].get('p99_ms')} ms, missing {many['missing']}; dashboard CPU "
+        f"{many['dashboard_cpu_pct_of_a_core']} % of a core ({one['dashboard_cpu_pct_of_a_core']} % with one client: "
+        f"{per_client:.2f} % per extra client) -> {doc['verdict']}")
+
+
+if __name__ == "__main__":
+    main()
