@@ -1,7 +1,7 @@
 """Checkpoint and restore end to end: a real CRIU dump of a running runc container, stored in S3 by
 the checkpoint-store, restored on the next cold start with its in-memory state (a value computed in
 on_start) served over HTTP through the gateway; a tampered checkpoint falls back to a cold start and
-is marked failed, and a new one is taken."""
+is marked failed, and a new one is taken. On the lane's shared stack (`shared_env`, tests/e2e/conftest.py)."""
 
 from __future__ import annotations
 
@@ -22,26 +22,12 @@ if os.geteuid() != 0:
     pytest.skip("CRIU and runc need root", allow_module_level=True)
 
 
-
-
-
-
 @pytest.fixture(scope="module")
-def env(tmp_path_factory):
-    home = tmp_path_factory.mktemp("l9ckpt")
-    pools = home / "pools.toml"
-    pools.write_text('[pools.default]\nbackend = "local"\nmin_warm = 1\nmax_workers = 1\n')
-    e = {k: v for k, v in os.environ.items() if not k.startswith("LEVERS9_")}
-    e.update(LEVERS9_HOME=str(home), LEVERS9_POOLS_FILE=str(pools))
-    try:
-        cli(e, "up")
-        workers = wait_until(lambda: [w for w in api(e, "GET", "/api/v1/workers").json()
-                                      if w["status"] == "ready" and "criu" in w["features"]], timeout=900)
-        assert workers, "no worker with a working CRIU"
-        cli(e, "deploy", str(APPS / "stateful.py"))
-        yield e
-    finally:
-        cli(e, "down", check=False)
+def env(shared_env):
+    assert [w for w in api(shared_env, "GET", "/api/v1/workers").json()
+            if w["status"] == "ready" and "criu" in w["features"]], "no worker with a working CRIU"
+    cli(shared_env, "deploy", str(APPS / "stateful.py"))
+    return shared_env
 
 
 def checkpoints(env) -> list[dict]:

@@ -2,7 +2,7 @@
 in its __main__ with no deploy step, a deployed function over REST and the CLI, a sandbox that dies
 mid-call, cancelling, and the call log.
 
-One stack for the module, started by the real CLI (`levers9 up`) in a temporary LEVERS9_HOME."""
+The lane's shared stack (`shared_env`, tests/e2e/conftest.py), reset for the module."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from _e2e import api, cli, needs_runc, one_worker_stack, wait_until
+from _e2e import api, cli, needs_runc, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -25,9 +25,8 @@ needs_runc()
 
 
 @pytest.fixture(scope="module")
-def env(tmp_path_factory):
-    with one_worker_stack(tmp_path_factory.mktemp("l9functions"), 4000, 4096) as e:
-        yield e
+def env(shared_env):
+    return shared_env
 
 
 def script(env: dict, path: Path, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:

@@ -5,7 +5,7 @@ addresses, and a container of workspace `other`; and tries mount, namespaces, ke
 capabilities, raw sockets, /proc/sys, /sys, masked /proc files, the pids and the memory limit.
 Nothing may work. Controls: a listener the test opens on every host address (it would answer
 without the firewall), the handler's own loopback, work under the limits, and the gateway still
-reaching both containers. One stack for the module (runc, root)."""
+reaching both containers. The lane's shared stack (`shared_env`, runc, root)."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from urllib.parse import urlsplit
 import httpx
 import psutil
 import pytest
-from _e2e import cli, needs_runc, one_worker_stack, wait_until
+from _e2e import cli, needs_runc, wait_until
 
 try:  # the home's admin credentials on the bus (NATS with auth)
     from _e2e import bus_auth
@@ -39,9 +39,8 @@ APPS = Path(__file__).parent / "apps"
 
 
 @pytest.fixture(scope="module")
-def env(tmp_path_factory):
-    with one_worker_stack(tmp_path_factory.mktemp("l9iso"), 2000, 2048) as e:
-        yield e
+def env(shared_env):
+    return shared_env
 
 
 def api(env: dict, method: str, path: str, token: str | None = None, **kw) -> httpx.Response:

@@ -1,13 +1,13 @@
-"""A canary secret appears nowhere in clear. One `levers9 up` stack: a secret with a random value
-is set, endpoints and a function that use it are called (they answer its sha256, never the value),
-a container is checkpointed, restored from S3 and later refused a restore under a retired key, an
-error path is provoked, the key is rotated (old values still open), then rewrapped and the old key
-retired. Then
-the canary is looked for in the raw bytes of everything the stack keeps under its home (the NATS
-store with the LEVERS9 stream and its DLQ, every service log, PostgreSQL's files, S3's files), in
-a dump of every PostgreSQL table of every schema, in every S3 object, and in every CLI output: 0
-hits. Positive controls prove the search finds it where it legitimately is: the container's
-config.json on the worker's disk and the node cache's (plaintext) copy of the checkpoint."""
+"""A canary secret appears nowhere in clear. On the lane's shared `levers9 up` stack (`shared_env`):
+a secret with a random value is set, endpoints and a function that use it are called (they answer its
+sha256, never the value), a container is checkpointed, restored from S3 and later refused a restore
+under a retired key, an error path is provoked, the key is rotated (old values still open), then
+rewrapped and the old key retired. Then the canary is looked for in the raw bytes of everything the
+stack keeps under its home (the NATS store with the LEVERS9 stream and its DLQ, every service log,
+PostgreSQL's files, S3's files), in a dump of every PostgreSQL table of every schema, in every S3
+object, and in every CLI output: 0 hits. Positive controls prove the search finds it where it
+legitimately is: the container's config.json on the worker's disk and the node cache's (plaintext)
+copy of the checkpoint."""
 
 from __future__ import annotations
 
@@ -34,19 +34,8 @@ BLOBS = Path("/var/cache/levers9/blobs")
 
 
 @pytest.fixture(scope="module")
-def env(tmp_path_factory):
-    home = tmp_path_factory.mktemp("l9secrets")
-    pools = home / "pools.toml"
-    pools.write_text('[pools.default]\nbackend = "local"\nmin_warm = 1\nmax_workers = 1\n')
-    e = {k: v for k, v in os.environ.items() if not k.startswith("LEVERS9_")}
-    e.update(LEVERS9_HOME=str(home), LEVERS9_POOLS_FILE=str(pools))
-    try:
-        cli(e, "up")
-        wait_until(lambda: [w for w in api(e, "GET", "/api/v1/workers").json()
-                            if w["status"] == "ready" and "runc" in w["features"]], timeout=900)
-        yield e
-    finally:
-        cli(e, "down", check=False)
+def env(shared_env):
+    return shared_env
 
 
 def has_criu(env) -> bool:

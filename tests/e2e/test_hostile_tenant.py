@@ -1,4 +1,5 @@
-"""A hostile tenant, with an ordinary workspace token, against one `levers9 up` stack (runc, root).
+"""A hostile tenant, with an ordinary workspace token, against the lane's shared `levers9 up`
+stack (`shared_env`, tests/e2e/conftest.py; runc, root).
 
 Each case lives in a module named for what it attacks (`_hostile_*.py`) and is collected here, so
 that the cases share one stack: `hostile_env` (workspace `default`, its profile; a case that needs a
@@ -11,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from _e2e import needs_runc, one_worker_stack
+from _e2e import needs_runc
 
 pytestmark = pytest.mark.slow
 needs_runc()
@@ -20,9 +21,8 @@ APPS = Path(__file__).parent / "apps"
 
 
 @pytest.fixture(scope="module")
-def hostile_env(tmp_path_factory):
-    with one_worker_stack(tmp_path_factory.mktemp("l9hostile"), 2000, 2048) as e:
-        yield e
+def hostile_env(shared_env):
+    return shared_env
 
 
 # the cases (pytest orders them by their module's file name, then line); a case that disturbs the
