@@ -10,7 +10,7 @@ import { ErrorNote, Loading, NotFound, Section, StatusPill } from "@/components/
 import { Waterfall } from "@/components/Waterfall";
 import { seg } from "@/lib/api";
 import { cpu, timeOf } from "@/lib/format";
-import type { Container, LevEvent, Waterfall as WaterfallData } from "@/lib/types";
+import type { Container, Deployment, LevEvent, Waterfall as WaterfallData } from "@/lib/types";
 import { about, useResource } from "@/lib/useResource";
 import { useQueryParam } from "@/lib/useQueryParam";
 
@@ -47,9 +47,16 @@ function ContainerView() {
   );
 }
 
+/** The container's deployment by name: its own row has only the deployment's id. */
+function useDeploymentName(c: Container): string | null {
+  const { data } = useResource<Deployment[]>(c.deployment_id && !c.deployment_name ? "/api/v1/deployments" : null);
+  return c.deployment_name ?? data?.find((d) => d.deployment_id === c.deployment_id)?.name ?? null;
+}
+
 function Facts({ c }: { c: Container }) {
+  const deployment = useDeploymentName(c);
   const facts: [string, ReactNode][] = [
-    ["deployment", <DeploymentLink key="d" name={c.deployment_name} />],
+    ["deployment", <DeploymentLink key="d" name={deployment} />],
     ["worker", <span key="w" className="mono">{c.worker_id || "–"}</span>],
     ["pool", c.pool],
     ["size", `${cpu(c.cpu_millicores)}, ${c.memory_mib} MiB${c.gpu_count ? `, ${c.gpu_count} GPU` : ""}`],
