@@ -182,6 +182,22 @@ def test_one_event_source_per_tab_across_pages(page):
     assert page.evaluate("window.__eventSources") == 1
 
 
+def test_every_page_renders_without_a_script_error(page, site):
+    errors: list[str] = []
+    page.on("pageerror", lambda err: errors.append(str(err)))
+    pages = {"Overview": "Overview", "Deployments": "Deployments", "Containers": "Containers",
+             "Function calls": "Function calls", "Images": "Images", "Checkpoints": "Checkpoints",
+             "Workers": "Workers", "Event log": "Event log", "Volumes": "Volumes", "Secrets": "Secrets",
+             "Tokens": "Tokens"}
+    for link, heading in pages.items():
+        page.get_by_role("link", name=link, exact=True).click()
+        expect(page.get_by_role("heading", level=1)).to_have_text(heading)
+    for path in ("/deployment/?name=hello", "/call/?id=nope", "/image/?id=nope", "/chain/?id=corr-c-a1"):
+        page.goto(site.url + path)
+        expect(page.locator("h1").first).to_be_visible()
+    assert errors == []
+
+
 def test_container_page_waterfall_log_events_and_chain(page, site):
     page.goto(site.url + "/container/?id=c-a1")
     waterfall = page.get_by_test_id("waterfall")
