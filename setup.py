@@ -38,8 +38,13 @@ def package_dirs() -> dict[str, str]:
 
 
 def _walk(folder: Path, other_roots: set[Path]):
-    """(dir, files) under folder, skipping SKIP_DIRS, hidden entries and other mapped roots."""
+    """(dir, files) under folder, skipping SKIP_DIRS, hidden entries and other mapped roots; of a web
+    app (a folder with a package.json) only its built export, `out/`, which is what the platform
+    serves: its sources, lock file and npm settings are the build's, not the run's."""
     for d, subdirs, files in os.walk(folder):
+        if (Path(d) / "package.json").exists():
+            subdirs[:] = ["out"] if "out" in subdirs else []
+            files = []
         subdirs[:] = sorted(s for s in subdirs if s not in SKIP_DIRS and not s.startswith(".")
                             and Path(d, s).resolve() not in other_roots)
         yield Path(d), sorted(f for f in files if not f.startswith(".") and not f.endswith(SKIP_SUFFIXES))

@@ -27,6 +27,7 @@ from levers9.runtime.bus import Bus
 from levers9.runtime.bus_auth import BusAuth
 from levers9.runtime.config import SERVICES, Settings
 from levers9.stack import Stack
+from levers9.stack.home import PROCESSES
 
 pytestmark = pytest.mark.slow
 
@@ -67,10 +68,10 @@ def run(coro):
     return asyncio.run(coro)
 
 
-def test_up_reports_nine_healthy_components_and_writes_the_profile(stack_env):
+def test_up_reports_ten_healthy_components_and_writes_the_profile(stack_env):
     doc = json.loads(cli(stack_env, "status", "--json").stdout)
     names = [c["name"] for c in doc["components"]]
-    assert names == ["nats", "postgres", "s3", "registry", *SERVICES]
+    assert names == ["nats", "postgres", "s3", "registry", *PROCESSES]
     assert all(c["healthy"] for c in doc["components"]), doc
     assert doc["gateway_url"].startswith("http://127.0.0.1:")
     profile = tomllib.loads((Path(stack_env["LEVERS9_HOME"]) / "config.toml").read_text())

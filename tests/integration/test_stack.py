@@ -21,7 +21,8 @@ import nats
 import psutil
 import pytest
 
-from levers9.runtime.config import SERVICES, Settings
+from levers9.runtime.config import Settings
+from levers9.stack.home import PROCESSES
 from levers9.stack import Stack, StackError, free_port, procs
 
 
@@ -58,14 +59,14 @@ def check_status(stack: Stack, urls: dict[str, str]) -> None:
     started = time.monotonic()
     comps = stack.status()
     assert time.monotonic() - started < 10  # no component's probe waits out a long timeout
-    assert [c.name for c in comps] == ["nats", "postgres", "s3", "registry", *SERVICES]
+    assert [c.name for c in comps] == ["nats", "postgres", "s3", "registry", *PROCESSES]
     by_name = {c.name: c for c in comps}
     assert by_name["nats"].url == urls["nats_url"]
     assert by_name["postgres"].url == urls["database_url"]
     assert by_name["s3"].url == urls["s3_endpoint"]
     assert by_name["registry"].url == urls["registry"]
     assert all(by_name[n].healthy and by_name[n].pid for n in ("nats", "postgres", "s3", "registry"))
-    assert all(not by_name[n].healthy and by_name[n].detail == "not running" for n in SERVICES)
+    assert all(not by_name[n].healthy and by_name[n].detail == "not running" for n in PROCESSES)
 
 
 def write_data(urls: dict[str, str], keys: dict[str, str]) -> None:

@@ -29,14 +29,25 @@ def mapping() -> dict[str, str]:
 
 
 def source_files(root: Path) -> list[str]:
-    """Every file under SOURCE_DIRS of `root`, relative to it, hidden entries and NOT_SOURCE aside."""
+    """Every file under SOURCE_DIRS of `root`, relative to it, hidden entries and NOT_SOURCE aside; of
+    a web app (a folder with a package.json) only its built export `out/` (setup.py says why)."""
     found = []
     for top in SOURCE_DIRS:
         for d, subdirs, files in os.walk(root / top):
+            if (Path(d) / "package.json").exists():
+                subdirs[:], files = (["out"] if "out" in subdirs else []), []
             subdirs[:] = [s for s in subdirs if s not in NOT_SOURCE and not s.startswith(".")]
             found += [Path(d, f).relative_to(root).as_posix() for f in files
                       if not f.startswith(".") and not f.endswith((".pyc", ".pyo"))]
     return found
+
+
+def web_app_source(path: str) -> bool:
+    """A file of a web app's sources (under a folder with a package.json, outside its `out/`)."""
+    for folder in (ROOT / path).parents:
+        if (folder / "package.json").exists():
+            return not (ROOT / path).is_relative_to(folder / "out")
+    return False
 
 
 def in_wheel(path: str) -> str:
@@ -88,7 +99,8 @@ def test_the_wheel_holds_every_module_data_file_and_the_cli(built, tmp_path):
     assert {n for n in package_files if not n.endswith(".py")} == data
     tracked = subprocess.run(["git", "ls-files", "--", *SOURCE_DIRS], cwd=ROOT, capture_output=True, text=True)
     if tracked.returncode == 0:  # a git checkout (CI's is)
-        runtime_files = [f for f in tracked.stdout.splitlines() if not f.endswith(".py") and (ROOT / f).exists()]
+        runtime_files = [f for f in tracked.stdout.splitlines() if not f.endswith(".py") and (ROOT / f).exists()
+                         and not web_app_source(f)]
         assert "libs/contracts/proto/functions.proto" in runtime_files
         assert not {in_wheel(f) for f in runtime_files} - set(package_files)
 
