@@ -147,7 +147,8 @@ def create(config: Config) -> tuple[Front, FastAPI]:
     for module in (routes_session, routes_views, routes_proxy, routes_events):
         app.include_router(module.router)
 
-    @app.get("/{path:path}", include_in_schema=False)
+    # HEAD too: Next's client checks the current URL with one after a failed fetch
+    @app.api_route("/{path:path}", methods=["GET", "HEAD"], include_in_schema=False)
     async def pages(path: str, request: Request) -> Response:
         return await site.serve(path, request)
 

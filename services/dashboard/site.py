@@ -10,6 +10,7 @@ built (scripts/setup.sh), small placeholder pages stand in, so the backend runs 
 from __future__ import annotations
 
 from pathlib import Path
+from urllib.parse import quote
 
 from fastapi import Request, Response
 from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, RedirectResponse
@@ -38,6 +39,13 @@ PLACEHOLDERS = {
 def placeholder(name: str, status: int = 200) -> HTMLResponse:
     return HTMLResponse(f"<!doctype html><html><head><meta charset=utf-8><title>levers9</title></head><body>"
                         f"{PLACEHOLDERS[name]}</body></html>", status_code=status)
+
+
+def signin_url(request: Request) -> str:
+    """The sign-in page, told where to go back to: a deep link (a container's page sent in chat)
+    lands on that page after signing in, not on the overview."""
+    back = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+    return "/signin/" if back == "/" else f"/signin/?next={quote(back, safe='')}"
 
 
 class Site:
@@ -72,7 +80,7 @@ class Site:
                                                 else "no-cache"})
         name = self.page_name(path)
         if name not in PUBLIC_PAGES and await caller(request) is None:
-            return RedirectResponse("/signin/", status_code=303)
+            return RedirectResponse(signin_url(request), status_code=303)
         response: Response
         if found is not None:
             response = FileResponse(found, headers={"Cache-Control": "no-cache"})
