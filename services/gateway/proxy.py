@@ -24,6 +24,7 @@ HOP_BY_HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authoriza
 CONNECT_S = 10.0  # a ready container accepts at once; a host cut off would hold the call for its whole timeout
 WHOLE_ANSWER_BYTES = 1 << 20  # answers up to this size are read whole, larger ones streamed
 CHUNK = 65536
+CONTAINER_HEADER = "x-levers9-container-id"  # on every answer a container gave: which one
 
 
 class Unreached(Exception):
@@ -109,7 +110,7 @@ async def forward(session: aiohttp.ClientSession, request: Request, address: str
         await router.release(slot)
 
     out_headers = forward_headers(resp.headers)
-    out_headers["x-levers9-container-id"] = slot.container_id  # which container answered
+    out_headers[CONTAINER_HEADER] = slot.container_id  # which container answered
     if resp.content_length is not None and resp.content_length <= WHOLE_ANSWER_BYTES:
         try:
             data = await resp.read()

@@ -103,7 +103,13 @@ async def list_containers(caller: User, gw: Gateway, response: Response, all: bo
 
 @router.get("/api/v1/containers/{container_id}")
 async def get_container(container_id: str, caller: User, gw: Gateway) -> dict[str, Any]:
-    return container_json(await container_row(gw, caller.workspace, container_id))
+    """The container's row, with `first_answer_at`: when it first answered a proxied endpoint call (the
+    endpoint meter's, endpoint_store.py; flushed every few seconds), null until then or for a function's."""
+    out = container_json(await container_row(gw, caller.workspace, container_id))
+    at = await gw.pool.fetchval("SELECT at FROM gateway.container_first_answers WHERE workspace=$1 AND container_id=$2",
+                                caller.workspace, container_id)
+    out["first_answer_at"] = msgspec.to_builtins(at)
+    return out
 
 
 @router.post("/api/v1/containers", status_code=202)

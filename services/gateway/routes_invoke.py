@@ -8,8 +8,10 @@ picks from this deployment version's stored checkpoints, or starts cold and says
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 import re
+import time
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -109,7 +111,37 @@ STOPPING_RETRIES = 3
 
 
 async def invoke(gw: GatewayState, request: Request, caller: Caller, name: str, rest: str) -> Response:
+    """Resolve and deliver the call, metering it (endpoint_meter.py): its status and the time from the
+    request coming in to the answer's head going out; a call to no endpoint (404) is no deployment's."""
+    began = time.monotonic()
     dep, subpath = await resolve(gw, caller.workspace, name, rest)
+    status = 500  # an exception other than HTTPException becomes a 500 (errors.py or Starlette)
+    response: Response | None = None
+    try:
+        response = await deliver(gw, request, caller, dep, subpath, name)
+        status = response.status_code
+        return response
+    except HTTPException as exc:
+        status = exc.status_code
+        raise
+    finally:
+        meter(gw, dep, status, began, response)
+
+
+def meter(gw: GatewayState, dep: Deployment, status: int, began: float, response: Response | None) -> None:
+    """Count one call; never raises (the meter must not fail a call it only watches)."""
+    try:
+        now = dt.datetime.now(dt.timezone.utc)
+        gw.meter.add(dep.workspace, dep.deployment_id, status, (time.monotonic() - began) * 1000, now)
+        container_id = response.headers.get(proxy.CONTAINER_HEADER, "") if response is not None else ""
+        if container_id:
+            gw.meter.answered(dep.workspace, container_id, now)
+    except Exception:  # noqa: BLE001
+        log.exception("endpoint meter: a call was not counted")
+
+
+async def deliver(gw: GatewayState, request: Request, caller: Caller, dep: Deployment, subpath: str,
+                  name: str) -> Response:
     length = int(request.headers.get("content-length") or 0)
     if length > gw.settings.gateway.max_body_bytes:
         raise HTTPException(413, f"the body is {length} bytes; the limit is {gw.settings.gateway.max_body_bytes}")

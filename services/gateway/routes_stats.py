@@ -5,7 +5,10 @@ Every figure is derived from the log (through the gateway's projections), so eve
 the same, and each says what it measures (NOTES, sent with the answer):
 - calls: the deployment's function calls that ended in that minute (FunctionCallFinished, any
   version of the deployment), their p50/p99 duration over all attempts (the gateway's clock, from
-  taking the call to its result). Endpoint (HTTP) calls are in no event, so they are not counted.
+  taking the call to its result), plus its endpoint (HTTP) calls answered in that minute. Those are in
+  no event: the gateways meter them (endpoint_meter.py) into gateway.endpoint_minutes, latency as
+  bucket counts, so a minute with endpoint calls has its p50/p99 from buckets (all its calls'), one
+  without them the exact values.
 - cold starts: its containers that became ready in the window, with the time from ContainerRequested
   to ContainerReady, and their kind: "restored" (the deployment's own checkpoint), "shared
   checkpoint" (a catalogue's pre-import checkpoint) or "cold".
@@ -20,14 +23,21 @@ from fastapi import APIRouter, HTTPException
 
 from .auth import User
 from .deps import Gateway
+from .endpoint_meter import add_counts, bucket_percentile, histogram
 
 router = APIRouter()
 
 MAX_MINUTES = 1440
 NOTES = {
     "calls": "function calls of this deployment that ended in the minute (FunctionCallFinished, retries "
-             "excluded); endpoint (HTTP) calls are not in the log and not counted",
-    "p50_ms/p99_ms": "duration over all attempts of those calls, measured by the gateway (null: no call)",
+             "excluded) plus endpoint (HTTP) calls the gateways proxied and answered in the minute "
+             "(metered in memory, written every few seconds: the last seconds may be missing)",
+    "errors": "function calls that did not end ok, and endpoint calls answered 5xx (the container's or the "
+              "gateway's own: no capacity, failed start, no answer)",
+    "p50_ms/p99_ms": "function calls: duration over all attempts, measured by the gateway; endpoint calls: "
+                     "from the request reaching the gateway to the answer's head leaving it. A minute with "
+                     "endpoint calls gives them from latency buckets (within about 25 %), one without the exact "
+                     "values (null: no call)",
     "cold_starts": "containers that became ready in the window: ms from ContainerRequested to ContainerReady",
     "kind": "restored: from the deployment's own checkpoint; shared checkpoint: from a catalogue's; cold: no restore",
 }
@@ -48,8 +58,13 @@ def percentile(values: list[float], q: float) -> float | None:
     return ordered[int(rank) - 1]
 
 
-def minute_series(until: dt.datetime, minutes: int, calls: Iterable[tuple[dt.datetime, str, float]]) -> list[dict]:
-    """One entry per minute of the window, oldest first, zero-filled: (ended at, outcome, ms) per call."""
+EndpointMinute = tuple[dt.datetime, int, int, list[int]]  # minute, calls, errors (5xx), latency bucket counts
+
+
+def minute_series(until: dt.datetime, minutes: int, calls: Iterable[tuple[dt.datetime, str, float]],
+                  endpoint: Iterable[EndpointMinute] = ()) -> list[dict]:
+    """One entry per minute of the window, oldest first, zero-filled: (ended at, outcome, ms) per function
+    call and the endpoint meter's minutes (several rows of one minute add up: one per deployment version)."""
     end = until.replace(second=0, microsecond=0)
     start = end - dt.timedelta(minutes=minutes - 1)
     buckets: dict[dt.datetime, list[tuple[str, float]]] = {start + dt.timedelta(minutes=i): [] for i in range(minutes)}
@@ -57,12 +72,26 @@ def minute_series(until: dt.datetime, minutes: int, calls: Iterable[tuple[dt.dat
         key = at.replace(second=0, microsecond=0)
         if key in buckets:
             buckets[key].append((outcome, ms))
-    out = []
-    for minute, items in buckets.items():
-        durations = [ms for _, ms in items]
-        out.append({"minute": iso(minute), "calls": len(items), "errors": sum(1 for o, _ in items if o != "ok"),
-                    "p50_ms": percentile(durations, 0.5), "p99_ms": percentile(durations, 0.99)})
-    return out
+    metered: dict[dt.datetime, tuple[int, int, list[int]]] = {}
+    for at, n, errors, counts in endpoint:
+        key = at.replace(second=0, microsecond=0)
+        if key in buckets:
+            had = metered.get(key, (0, 0, []))
+            metered[key] = (had[0] + n, had[1] + errors, add_counts(had[2], list(counts)))
+    return [minute_entry(minute, items, metered.get(minute)) for minute, items in buckets.items()]
+
+
+def minute_entry(minute: dt.datetime, items: list[tuple[str, float]],
+                 metered: tuple[int, int, list[int]] | None) -> dict[str, Any]:
+    durations = [ms for _, ms in items]
+    calls, errors = len(items), sum(1 for o, _ in items if o != "ok")
+    p50, p99 = percentile(durations, 0.5), percentile(durations, 0.99)
+    if metered is not None and metered[0]:
+        # endpoint latencies are only bucket counts: the function calls join them in the same buckets
+        counts = add_counts(metered[2], histogram(durations))
+        calls, errors = calls + metered[0], errors + metered[1]
+        p50, p99 = bucket_percentile(counts, 0.5), bucket_percentile(counts, 0.99)
+    return {"minute": iso(minute), "calls": calls, "errors": errors, "p50_ms": p50, "p99_ms": p99}
 
 
 def cold_summary(starts: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -91,6 +120,9 @@ async def deployment_stats(name: str, caller: User, gw: Gateway, minutes: str = 
     calls = await gw.pool.fetch(
         "SELECT finished_at, state, duration_ms FROM gateway.function_calls WHERE workspace = $1 "
         "AND deployment_id = ANY($2::text[]) AND finished_at >= $3", caller.workspace, ids, since)
+    endpoint = await gw.pool.fetch(
+        "SELECT minute, calls, errors, buckets FROM gateway.endpoint_minutes WHERE workspace = $1 "
+        "AND deployment_id = ANY($2::text[]) AND minute >= $3", caller.workspace, ids, since)
     own = frozenset(r["checkpoint_id"] for r in await gw.pool.fetch(
         "SELECT checkpoint_id FROM gateway.checkpoints WHERE workspace = $1 AND deployment_id = ANY($2::text[])",
         caller.workspace, ids))
@@ -103,5 +135,6 @@ async def deployment_stats(name: str, caller: User, gw: Gateway, minutes: str = 
                "ready_at": iso(r["ready_at"]),
                "ms": round((r["ready_at"] - r["requested_at"]).total_seconds() * 1000, 1)} for r in rows]
     return {"deployment": name, "minutes": window, "since": iso(since), "until": iso(until),
-            "calls": minute_series(until, window, ((r["finished_at"], r["state"], r["duration_ms"]) for r in calls)),
+            "calls": minute_series(until, window, ((r["finished_at"], r["state"], r["duration_ms"]) for r in calls),
+                                   ((r["minute"], r["calls"], r["errors"], r["buckets"]) for r in endpoint)),
             "cold_starts": starts, "cold_start_summary": cold_summary(starts), "notes": NOTES}

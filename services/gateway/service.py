@@ -14,6 +14,7 @@ from levers9.runtime import juicefs
 from levers9.runtime.views_clusters import ClustersView
 
 from . import (
+    endpoint_store,
     routes_calls,
     routes_catalogues,
     routes_checkpoints,
@@ -59,9 +60,14 @@ class GatewayService(Gateway):
                                                        "call_limit": self.settings.gateway.max_body_bytes})
         document(app)  # every status code a route answers is in /openapi.json
 
+    async def on_start(self) -> None:
+        await super().on_start()
+        await endpoint_store.setup(self.pool)  # the endpoint meter's tables: measurements, not projections
+
     async def on_stop(self) -> None:
         await super().on_stop()
         await self.juicefs.close()
 
     def background(self):
-        return [*super().background(), lambda stop: serve_functions(self, stop)]
+        return [*super().background(), lambda stop: serve_functions(self, stop),
+                lambda stop: endpoint_store.run(self.pool, self.meter, stop)]

@@ -39,6 +39,7 @@ from levers9.runtime.views import (
 from levers9.runtime.views_volumes import VolumesView
 
 from .callers import Caller
+from .endpoint_meter import EndpointMeter
 from .router import DeploymentRouter
 
 log = logging.getLogger("levers9.gateway")
@@ -95,6 +96,7 @@ class Gateway(Service):
         self.background_tasks: set[asyncio.Task] = set()  # spawned calls: referenced until done
         self.functions: Any = None  # functions_grpc.Functions, once its server is up
         self.grpc_port = 0
+        self.meter = EndpointMeter()  # proxied endpoint calls, flushed by endpoint_store.run
 
     async def on_start(self) -> None:
         self.http = httpx.AsyncClient(timeout=None, limits=httpx.Limits(max_connections=2000,

@@ -9,6 +9,7 @@ of a real stack sharing this Postgres is never touched; every workspace and work
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import json
 import types
 from urllib.parse import urlsplit, urlunsplit
@@ -22,8 +23,9 @@ from fastapi import FastAPI
 from levers9.contracts import SYSTEM_WORKSPACE, envelope, uuid7
 from levers9.contracts import events as E
 from levers9.contracts.spec import Code, DeploymentSpec
-from levers9.gateway import event_stream, routes_calls, routes_events, routes_stats
+from levers9.gateway import endpoint_store, event_stream, routes_calls, routes_events, routes_stats
 from levers9.gateway.callers import Caller
+from levers9.gateway.endpoint_meter import EndpointMeter
 from levers9.gateway.views_events import CallsView, EventsView
 from levers9.runtime.bus import Bus
 from levers9.runtime.consumer import to_delivery
@@ -49,6 +51,7 @@ async def stack(servers):
                                      min_size=1, max_size=4)
     store = ProjectionStore(pool, "gateway", VIEWS)
     await store.setup()
+    await endpoint_store.setup(pool)
     bus = await Bus.connect(servers["nats_url"])
     await bus.ensure_topology()
     start = (await bus.js.stream_info("LEVERS9")).state.last_seq + 1
@@ -59,7 +62,7 @@ async def stack(servers):
                 async for batch in read(bus, [f], start_seq=start):
                     await store.apply_batch(view, [to_delivery(m) for m in batch])
 
-    gw = types.SimpleNamespace(pool=pool, bus=bus, functions=None,
+    gw = types.SimpleNamespace(pool=pool, bus=bus, functions=None, meter=EndpointMeter(),
                                tokens={token_hash(s): Caller(workspace=w, token_id=w, scope="workspace")
                                        for s, w in TOKENS.items()})
     app = FastAPI()
@@ -67,7 +70,7 @@ async def stack(servers):
     for module in (routes_events, routes_calls, routes_stats):
         app.include_router(module.router)
     async with serving(app) as url:
-        yield url, bus, project
+        yield url, bus, project, gw
     await bus.close()
     await pool.close()
     await admin.execute(f"DROP DATABASE {db} WITH (FORCE)")
@@ -85,7 +88,7 @@ async def publish(bus: Bus, event: E.Event, workspace: str, correlation: str | N
 @pytest.fixture(scope="module")
 async def history(stack):
     """Both workspaces do the same things; a shared worker is cordoned; evil's container takes a slot."""
-    url, bus, project = stack
+    url, bus, project, _ = stack
     seqs: dict[str, list[int]] = {ACME: [], EVIL: []}
     for ws in (ACME, EVIL):
         corr = f"corr-{ws}"
@@ -107,7 +110,7 @@ async def history(stack):
 
 
 async def test_another_workspaces_events_calls_and_deployments_are_absent(stack, history):
-    url, _, _ = stack
+    url, _, _, _ = stack
     async with client(url) as c:
         events = (await c.get("/api/v1/events", params={"limit": 1000})).json()
         assert {e["workspace"] for e in events} == {ACME, SYSTEM_WORKSPACE}
@@ -127,7 +130,7 @@ async def test_another_workspaces_events_calls_and_deployments_are_absent(stack,
 
 
 async def test_stream_shows_no_other_workspaces_event_and_resumes_by_seq(stack, history):
-    url, _, _ = stack
+    url, _, _, _ = stack
     first = history["seqs"][ACME][0]
     async with client(url) as c:
         got = await read_stream(c, {"after": str(first - 1)}, until=history["cordon"])
@@ -155,7 +158,7 @@ async def read_stream(c: httpx.AsyncClient, params: dict, until: int, last_event
 
 
 async def test_new_events_arrive_live_and_quiet_streams_keep_alive(stack, history, monkeypatch):
-    url, bus, _ = stack
+    url, bus, _, _ = stack
     monkeypatch.setattr(event_stream, "KEEPALIVE_S", 0.3)
     async with client(url) as c, c.stream("GET", "/api/v1/events/stream") as r:
         lines = r.aiter_lines()
@@ -170,7 +173,7 @@ async def test_new_events_arrive_live_and_quiet_streams_keep_alive(stack, histor
 
 
 async def test_pages_cover_the_history_newest_first_without_gaps(stack, history):
-    url, _, _ = stack
+    url, _, _, _ = stack
     async with client(url) as c:
         everything = [e["seq"] for e in (await c.get("/api/v1/events", params={"limit": 1000})).json()]
         paged, before = [], ""
@@ -186,7 +189,7 @@ async def test_pages_cover_the_history_newest_first_without_gaps(stack, history)
 
 
 async def test_bad_input_and_no_token(stack, history):
-    url, _, _ = stack
+    url, _, _, _ = stack
     async with client(url) as c:
         for params in ({"limit": "0"}, {"since": "soon"}, {"type": "Nope"}):
             r = await c.get("/api/v1/events", params=params)
@@ -200,7 +203,7 @@ async def test_bad_input_and_no_token(stack, history):
 
 
 async def test_calls_and_stats(stack, history):
-    url, _, _ = stack
+    url, _, _, _ = stack
     async with client(url) as c:
         r = await c.get("/api/v1/calls", params={"status": "error"})
         assert r.headers["X-Total-Count"] == "1"
@@ -211,3 +214,30 @@ async def test_calls_and_stats(stack, history):
         assert sum(m["calls"] for m in stats["calls"]) == 1 and len(stats["calls"]) == 5
         assert [s["kind"] for s in stats["cold_starts"]] == ["cold"]
         assert stats["cold_start_summary"]["cold"]["count"] == 1
+
+
+async def test_endpoint_calls_metered_by_two_replicas_add_up_in_stats(stack, history):
+    """Two meters (two replicas, or one before and after a restart) flush the same minute: the table sums
+    them, stats merge them with the function call, and the container's first answer is the earliest."""
+    url, _, _, gw = stack
+    now = dt.datetime.now(dt.timezone.utc)
+    other = EndpointMeter()
+    for meter, statuses in ((gw.meter, (200, 500, 500)), (other, (200,) * 97)):
+        for status in statuses:
+            meter.add(ACME, f"app-{ACME}-v1", status, 10.0 if status == 200 else 800.0, now)
+    gw.meter.answered(ACME, f"c-{ACME}", now)
+    other.answered(ACME, f"c-{ACME}", now - dt.timedelta(seconds=3))  # earlier, flushed later
+    assert await endpoint_store.flush(gw.pool, gw.meter) and await endpoint_store.flush(gw.pool, other)
+    assert await endpoint_store.flush(gw.pool, other)  # nothing left: nothing added twice
+    async with client(url) as c:
+        stats = (await c.get(f"/api/v1/deployments/app-{ACME}/stats", params={"minutes": 5})).json()
+        evil = (await c.get(f"/api/v1/deployments/app-{ACME}/stats", params={"minutes": 5},
+                            headers={"Authorization": "Bearer evil-secret"}))
+    assert evil.status_code == 404
+    assert sum(m["calls"] for m in stats["calls"]) == 1 + 100 and sum(m["errors"] for m in stats["calls"]) == 1 + 2
+    busy = max(stats["calls"], key=lambda m: m["calls"])
+    assert 8 <= busy["p50_ms"] <= 12 and 600 <= busy["p99_ms"] <= 1000
+    assert "endpoint" in stats["notes"]["calls"]
+    at = await gw.pool.fetchval("SELECT at FROM gateway.container_first_answers WHERE workspace=$1 AND container_id=$2",
+                                ACME, f"c-{ACME}")
+    assert abs((at - (now - dt.timedelta(seconds=3))).total_seconds()) < 0.001
