@@ -8,6 +8,7 @@ picks from this deployment version's stored checkpoints, or starts cold and says
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import logging
 import re
@@ -108,6 +109,7 @@ log = logging.getLogger(__name__)
 
 STOPPING_HEADER = "X-Levers9-Stopping"  # levers9.runner.server.STOPPING_HEADER
 STOPPING_RETRIES = 3
+CLIENT_GONE = 499  # nginx's code for a request its client closed: below 500, so no error
 
 
 async def invoke(gw: GatewayState, request: Request, caller: Caller, name: str, rest: str) -> Response:
@@ -123,6 +125,9 @@ async def invoke(gw: GatewayState, request: Request, caller: Caller, name: str, 
         return response
     except HTTPException as exc:
         status = exc.status_code
+        raise
+    except asyncio.CancelledError:
+        status = CLIENT_GONE  # the caller hung up: counted, but not as the endpoint's error
         raise
     finally:
         meter(gw, dep, status, began, response)
