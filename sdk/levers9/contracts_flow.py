@@ -34,6 +34,7 @@ ACTORS = {
     "levers9.worker": "worker",
     "levers9.checkpoint_store": "checkpoint-store",
     "levers9.image_builder": "image-builder",
+    "levers9.dashboard": "dashboard",  # a client of the gateway: it appends and consumes nothing itself
     "levers9": "cli",
 }
 LIBS = ("levers9.runtime",)  # shared code: attributed to the actors that use it

@@ -22,8 +22,8 @@ import psutil
 import pytest
 
 from levers9.runtime.config import Settings
-from levers9.stack.home import PROCESSES
 from levers9.stack import Stack, StackError, free_port, procs
+from levers9.stack.home import PROCESSES
 
 
 def s3_client(endpoint: str, access_key: str, secret_key: str):
