@@ -84,7 +84,7 @@ async def waterfall_of(upstream: Upstream, who: Caller, container_id: str) -> di
         events_of(upstream, who.token, {"correlation_id": container.get("correlation_id", ""),
                                         "type": "FunctionCallStarted,FunctionCallFinished"}, 2000)
         if container.get("correlation_id") else asyncio.sleep(0, result=[]))
-    return waterfall(container_id, [*own, *calls])
+    return waterfall(container_id, [*own, *calls], first_answer_at=container.get("first_answer_at"))
 
 
 @router.get("/api/containers/{container_id}/waterfall")

@@ -3,9 +3,11 @@ started -> ready -> first answer, each phase with its time and the milliseconds 
 
 A pure function of the container's events (the envelopes the gateway's /api/v1/events answers, and
 its calls' FunctionCall* events): no I/O, no clock, so the page, `/mcp`'s explain_cold_start and the
-property tests all see the same answer. A phase appears only when an event says it happened: the log
-has no "image mounted" event yet (the worker mounts as part of starting), and an endpoint's first
-answer is not an event, so those phases are absent rather than guessed.
+property tests all see the same answer. A phase appears only when the platform says it happened:
+"image mounted" is when the worker had the container's root in place (ContainerStarted's
+`root_mounted_at`; absent from workers before it and from the process runtime), and "first answer"
+is a function call's first FunctionCallFinished or, for an endpoint, the first answer the gateway
+proxied (`first_answer_at` of the container's row): absent rather than guessed.
 
 Each phase is the first event of its type after the previous phase, so a container re-requested after
 its worker was lost shows the path that led to its start. The kind says how it started: `restored`
@@ -22,8 +24,7 @@ PHASES = ("requested", "placed", "image mounted", "started", "ready", "first ans
 KINDS = ("restored", "shared checkpoint", "cold")
 
 # the event type that marks each phase; "started" is named "restored" when it restored a checkpoint
-PHASE_TYPES = {"requested": "ContainerRequested", "placed": "ContainerScheduled",
-               "image mounted": "ContainerImageMounted", "started": "ContainerStarted",
+PHASE_TYPES = {"requested": "ContainerRequested", "placed": "ContainerScheduled", "started": "ContainerStarted",
                "ready": "ContainerReady"}
 
 
@@ -83,21 +84,28 @@ def estimate_of(scheduled: dict[str, Any] | None, at: dict[str, dt.datetime]) ->
     return out
 
 
-def waterfall(container_id: str, events: Iterable[dict[str, Any]]) -> dict[str, Any]:
+def waterfall(container_id: str, events: Iterable[dict[str, Any]], first_answer_at: str | None = None
+              ) -> dict[str, Any]:
     """{"container_id", "phases": [{"name", "at", "ms"}], "kind", "estimate"}. `events` may hold
-    other aggregates' events (its calls'); only this container's and its calls' are used."""
+    other aggregates' events (its calls'); only this container's and its calls' are used.
+    `first_answer_at`: when the gateway proxied the container's first answer (an endpoint's)."""
     evs = _ordered(events)
     own = [e for e in evs if e.get("aggregate_id") == container_id and e.get("aggregate", "container") == "container"]
     phases: list[dict[str, Any]] = []
     at: dict[str, dt.datetime] = {}
     found: dict[str, dict[str, Any]] = {}
     position = 0  # each phase is looked for after the one before
-    for name in PHASES[:-1]:
+    for name in PHASE_TYPES:
         for i in range(position, len(own)):
             if own[i].get("type") == PHASE_TYPES[name]:
                 found[name], position = own[i], i + 1
                 break
+    mounted = _data(found.get("started") or {}).get("root_mounted_at")
+    if mounted:  # said by the start it belongs to
+        found["image mounted"] = {"occurred_at": mounted, "id": found["started"].get("id", "")}
     answer = first_answer(container_id, evs)
+    if answer is None and first_answer_at and "ready" in found:
+        answer = {"occurred_at": first_answer_at, "id": ""}
     if answer is not None:
         found["first answer"] = answer
     previous: dt.datetime | None = None

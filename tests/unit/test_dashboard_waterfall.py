@@ -12,7 +12,12 @@ from levers9.dashboard.waterfall import KINDS, PHASES, as_text, parse_time, wate
 
 CID = "c-1"
 T0 = dt.datetime(2026, 12, 5, 12, 0, tzinfo=dt.timezone.utc)
-PATH = ["ContainerRequested", "ContainerScheduled", "ContainerImageMounted", "ContainerStarted", "ContainerReady"]
+PATH = ["ContainerRequested", "ContainerScheduled", "ContainerStarted", "ContainerReady"]
+STEPS = ["requested", "placed", "image mounted", "started", "ready"]  # the root's mount rides on ContainerStarted
+
+
+def at(ms: float) -> str:
+    return (T0 + dt.timedelta(milliseconds=ms)).strftime("%Y-%m-%dT%H:%M:%S.%f") + "Z"
 
 
 def ev(seq: int, type_: str, ms: float, **data) -> dict:
@@ -21,31 +26,41 @@ def ev(seq: int, type_: str, ms: float, **data) -> dict:
             "aggregate_id": data.pop("aggregate_id", CID), "data": {"container_id": CID, **data}}
 
 
-def a_start(gaps: list[float], restored: str = "", choice: dict | None = None) -> list[dict]:
-    out, t = [], 0.0
-    for i, (type_, gap) in enumerate(zip(PATH, gaps, strict=False)):
+def a_start(gaps: list[float], restored: str = "", choice: dict | None = None, keep: list[bool] | None = None
+            ) -> list[dict]:
+    """The events of one start, a gap before each step of STEPS; `keep[i]` False leaves step i out."""
+    keep = keep or [True] * len(STEPS)
+    out, t, mounted = [], 0.0, ""
+    for i, (step, gap) in enumerate(zip(STEPS, gaps, strict=False)):
         t += gap
-        extra = {"restored_from": restored} if type_ == "ContainerStarted" else {}
+        if step == "image mounted":
+            mounted = at(t) if keep[i] else ""
+            continue
+        if not keep[i]:
+            continue
+        type_ = PATH[STEPS.index(step) - (step in ("started", "ready"))]
+        extra: dict = {"restored_from": restored, "root_mounted_at": mounted} if type_ == "ContainerStarted" else {}
         if type_ == "ContainerScheduled" and choice:
             extra = {"choice": choice}
         out.append(ev(i + 1, type_, t, **extra))
     return out
 
 
-gaps = st.lists(st.floats(0, 5000, allow_nan=False), min_size=len(PATH), max_size=len(PATH))
+gaps = st.lists(st.floats(0, 5000, allow_nan=False), min_size=len(STEPS), max_size=len(STEPS))
 other = st.builds(lambda seq, t, ms: ev(seq, t, ms, aggregate_id="other"), st.integers(100, 200),
                   st.sampled_from(PATH), st.floats(0, 9000))
 
 
-@given(gaps=gaps, keep=st.lists(st.booleans(), min_size=len(PATH), max_size=len(PATH)),
+@given(gaps=gaps, keep=st.lists(st.booleans(), min_size=len(STEPS), max_size=len(STEPS)),
        noise=st.lists(other, max_size=5), order=st.randoms(use_true_random=False), restored=st.sampled_from(["", "ck-1"]))
 def test_phases_are_in_order_and_their_times_add_up(gaps, keep, noise, order, restored):
-    events = [e for e, k in zip(a_start(gaps, restored), keep, strict=True) if k] + noise
+    events = a_start(gaps, restored, keep=keep) + noise
     order.shuffle(events)
     w = waterfall(CID, events)
     names = [p["name"].replace("restored", "started") for p in w["phases"]]
     assert names == [n for n in PHASES if n in names]  # the documented order, whatever the input order
-    assert len(names) == sum(keep)  # one phase per event of its own; nothing from another container
+    # one phase per step kept (the mount only with the start that says it); nothing from another container
+    assert len(names) == sum(keep) - (keep[2] and not keep[3])
     times = [parse_time(p["at"]) for p in w["phases"]]
     assert times == sorted(times)
     assert all(p["ms"] >= 0 for p in w["phases"])
@@ -60,7 +75,8 @@ def test_phases_are_in_order_and_their_times_add_up(gaps, keep, noise, order, re
 @given(gaps=gaps)
 def test_a_phase_whose_clock_runs_behind_is_never_before_its_cause(gaps):
     events = a_start(gaps)
-    events[3]["occurred_at"] = "2026-12-05T11:00:00.000000Z"  # the worker's clock an hour behind
+    events[2]["occurred_at"] = "2026-12-05T11:00:00.000000Z"  # the worker's clock an hour behind
+    events[2]["data"]["root_mounted_at"] = "2026-12-05T10:59:59.000000Z"
     w = waterfall(CID, events)
     times = [parse_time(p["at"]) for p in w["phases"]]
     assert times == sorted(times)
@@ -102,3 +118,12 @@ def test_a_re_requested_container_shows_the_path_that_started_it():
     w = waterfall(CID, events)
     assert [p["ms"] for p in w["phases"]] == [0, 10.0, 5290.0, 50.0]
     assert "not in the log: image mounted, first answer" in as_text(w)
+
+
+def test_an_endpoints_first_answer_is_the_gateways_and_only_after_ready():
+    events = a_start([0, 10, 5, 300, 50])
+    w = waterfall(CID, events, first_answer_at=at(395))
+    assert [p["name"] for p in w["phases"]] == ["requested", "placed", "image mounted", "started", "ready", "first answer"]
+    assert w["phases"][-1]["ms"] == 30.0
+    # a row that says answered while no ready is in the log: no phase is guessed
+    assert "first answer" not in [p["name"] for p in waterfall(CID, events[:2], first_answer_at=at(395))["phases"]]

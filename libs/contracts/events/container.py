@@ -73,6 +73,9 @@ class ContainerStarted(Event, frozen=True, kw_only=True):
     worker_id: str
     restored_from: str = ""  # checkpoint id, when restored
     note: str = ""  # "restored from …" or why it started cold
+    # when its root filesystem (its image, lazily mounted, or the base) was in place, ISO 8601 UTC;
+    # "" where the runtime mounts none (the process runtime) or from workers before this field
+    root_mounted_at: str = ""
 
 
 class ContainerReady(Event, frozen=True, kw_only=True):

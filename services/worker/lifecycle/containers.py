@@ -18,6 +18,7 @@ not the worker service.
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping
@@ -45,6 +46,11 @@ log = logging.getLogger("levers9.worker")
 MONITOR_EVERY_S = 1.0
 HEALTH_POLL_S = 0.02
 NOTHING_TO_RUN = "nothing to run: the request names no deployment"
+
+
+def iso_utc(t: float) -> str:
+    """A wall-clock time as the log writes times (ISO 8601, UTC); "" for 0 (not known)."""
+    return dt.datetime.fromtimestamp(t, dt.timezone.utc).isoformat().replace("+00:00", "Z") if t else ""
 
 
 @dataclass(frozen=True)
@@ -155,7 +161,8 @@ class Containers(Mapping[str, Running]):
             await self.runtime.stop(c.container_id)
             return
         await self.emit(c, E.ContainerStarted(container_id=c.container_id, worker_id=self.parts.worker_id,
-                                              restored_from=c.restored_from, note=note))
+                                              restored_from=c.restored_from, note=note,
+                                              root_mounted_at=iso_utc(started.root_mounted_at)))
         await self.wait_ready(c, started.address, float(c.spec.timeout_seconds))
 
     async def wait_ready(self, c: Running, address: str, timeout: float) -> None:

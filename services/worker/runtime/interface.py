@@ -65,6 +65,7 @@ class Started:
     address: str  # "http://IP:PORT" the gateway on this host can reach
     pid: int  # host pid of the container's init process
     log_path: Path  # host path of the container's combined stdout/stderr log
+    root_mounted_at: float = 0.0  # wall clock when its root filesystem (its image) was mounted; 0: none
 
 
 @dataclass(frozen=True)

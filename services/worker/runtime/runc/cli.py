@@ -28,6 +28,7 @@ class Record:
     pid: int = 0
     started: int | None = None  # the init's start time (tells a reused pid apart)
     stop_requested: bool = False
+    root_mounted_at: float = 0.0  # wall clock when its root (the image, or the base) was mounted
 
 
 class RuncCli:

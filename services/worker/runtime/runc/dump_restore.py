@@ -171,7 +171,8 @@ class RuncCheckpoints:
                 raise
             raise ckpt.RestoreError(f"restoring {cid}: {exc}") from exc
         self.lc._live[cid] = rec
-        return Started(address=self.lc.address_of(rec), pid=rec.pid, log_path=self.lc.log_path(cid))
+        return Started(address=self.lc.address_of(rec), pid=rec.pid, log_path=self.lc.log_path(cid),
+                       root_mounted_at=rec.root_mounted_at)
 
     async def _restore_into(self, rec: Record, cdir: Path, spec: ContainerSpec, tar: Path,
                             criu: CriuInfo) -> None:

@@ -188,6 +188,7 @@ class RuncLifecycle:
             (cdir / sub).mkdir()
         lower = await self._lower(rec.container_id, cdir, image)
         mount_overlay(lower, cdir / "upper", cdir / "work", cdir / "rootfs")
+        rec.root_mounted_at = time.time()  # a phase of the cold-start waterfall (ContainerStarted says it)
         await network.attach(self.names(rec.container_id), self.settings.network.bridge_name,
                              self.settings.network.bridge_subnet, rec.ip)
         await self.guard()  # before its process runs: its port joins the rules
@@ -219,7 +220,8 @@ class RuncLifecycle:
             await self._teardown(cid, keep_log=True)
             raise
         self._live[cid] = rec
-        return Started(address=self.address_of(rec), pid=rec.pid, log_path=self.log_path(cid))
+        return Started(address=self.address_of(rec), pid=rec.pid, log_path=self.log_path(cid),
+                       root_mounted_at=rec.root_mounted_at)
 
     # -- state --
 
