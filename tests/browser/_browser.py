@@ -73,3 +73,15 @@ def no_sideways_scroll(page) -> None:
     """The document is no wider than the viewport (wide tables scroll inside their own box)."""
     width = page.evaluate("document.scrollingElement.scrollWidth")
     assert width <= page.viewport_size["width"] + 1, f"the page is {width}px wide at {page.viewport_size['width']}px"
+
+
+def goto(page, url: str, attempts: int = 5):
+    """page.goto, again when Chromium aborts it with ERR_NETWORK_CHANGED: it drops navigations in
+    flight whenever the host's interfaces change, and on a machine running containers (another lane's
+    veths) they do at any moment. Any other failure is the test's."""
+    for attempt in range(attempts):
+        try:
+            return page.goto(url)
+        except Exception as exc:  # playwright's Error: only this one cause is tried again
+            if "ERR_NETWORK_CHANGED" not in str(exc) or attempt == attempts - 1:
+                raise

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
-from _browser import COUNT_EVENT_SOURCES, DESK, PHONE, WEB_OUT, chromium, needs_browser, no_sideways_scroll
+from _browser import COUNT_EVENT_SOURCES, DESK, PHONE, WEB_OUT, chromium, goto, needs_browser, no_sideways_scroll
 
 needs_browser()
 
@@ -135,7 +135,7 @@ def page(browser, site):
     context.add_init_script(COUNT_EVENT_SOURCES)
     tab = context.new_page()
     tab.set_default_timeout(WAIT_MS)
-    tab.goto(site.ticket("tok-a"))
+    goto(tab, site.ticket("tok-a"))
     expect(tab.get_by_test_id("workspace")).to_have_text("workspace ws-a")
     yield tab
     context.close()
@@ -152,12 +152,13 @@ def test_unauthenticated_page_goes_to_signin_and_a_pasted_token_signs_in(browser
     context = browser.new_context(viewport=DESK)
     tab = context.new_page()
     tab.set_default_timeout(WAIT_MS)
-    tab.goto(site.url + "/containers/")
-    expect(tab).to_have_url(re.compile(r"/signin/$"))
+    goto(tab, site.url + "/containers/")
+    expect(tab).to_have_url(re.compile(r"/signin/\?next=%2Fcontainers%2F$"))
     tab.get_by_label("token").fill("tok-b")
     tab.get_by_role("button", name="sign in").click()
     expect(tab.get_by_test_id("workspace")).to_have_text("workspace ws-b")
-    tab.goto(site.url + "/signin/")
+    expect(tab).to_have_url(re.compile(r"/containers/$"))  # back where the link pointed
+    goto(tab, site.url + "/signin/")
     tab.get_by_label("token").fill("not-a-token")
     tab.get_by_role("button", name="sign in").click()
     expect(tab.get_by_text("does not accept this token")).to_be_visible()
@@ -193,13 +194,13 @@ def test_every_page_renders_without_a_script_error(page, site):
         page.get_by_role("link", name=link, exact=True).click()
         expect(page.get_by_role("heading", level=1)).to_have_text(heading)
     for path in ("/deployment/?name=hello", "/call/?id=nope", "/image/?id=nope", "/chain/?id=corr-c-a1"):
-        page.goto(site.url + path)
+        goto(page, site.url + path)
         expect(page.locator("h1").first).to_be_visible()
     assert errors == []
 
 
 def test_container_page_waterfall_log_events_and_chain(page, site):
-    page.goto(site.url + "/container/?id=c-a1")
+    goto(page, site.url + "/container/?id=c-a1")
     waterfall = page.get_by_test_id("waterfall")
     for phase in ("requested", "placed", "started", "ready"):
         expect(waterfall).to_contain_text(phase)
@@ -214,7 +215,7 @@ def test_container_page_waterfall_log_events_and_chain(page, site):
 
 
 def test_stop_from_the_page_sends_the_csrf_header(page, site):
-    page.goto(site.url + "/deployment/?name=hello")
+    goto(page, site.url + "/deployment/?name=hello")
     page.once("dialog", lambda d: d.accept())
     page.get_by_role("button", name="stop deployment").click()
     expect(page.get_by_role("status").filter(has_text="asked")).to_be_visible()
@@ -222,10 +223,10 @@ def test_stop_from_the_page_sends_the_csrf_header(page, site):
 
 
 def test_another_workspaces_container_and_an_unknown_page_are_404(page, site):
-    page.goto(site.url + "/container/?id=c-b1")
+    goto(page, site.url + "/container/?id=c-b1")
     expect(page.get_by_test_id("not-found")).to_contain_text("Container c-b1 was not found")
     expect(page.get_by_text("theirs")).to_have_count(0)
-    response = page.goto(site.url + "/no-such-page/")
+    response = goto(page, site.url + "/no-such-page/")
     assert response is not None and response.status == 404
     expect(page.get_by_test_id("not-found")).to_be_visible()
 
@@ -233,6 +234,6 @@ def test_another_workspaces_container_and_an_unknown_page_are_404(page, site):
 def test_phone_width(page, site):
     page.set_viewport_size(PHONE)
     for path in ("/", "/containers/", "/container/?id=c-a1", "/chain/?id=corr-c-a1", "/log/"):
-        page.goto(site.url + path)
+        goto(page, site.url + path)
         expect(page.get_by_role("heading", level=1)).to_be_visible()
         no_sideways_scroll(page)

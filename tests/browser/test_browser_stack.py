@@ -20,7 +20,17 @@ from pathlib import Path
 
 import httpx
 import pytest
-from _browser import COUNT_EVENT_SOURCES, DESK, PHONE, ROOT, chromium, needs_browser, no_sideways_scroll, screenshot
+from _browser import (
+    COUNT_EVENT_SOURCES,
+    DESK,
+    PHONE,
+    ROOT,
+    chromium,
+    goto,
+    needs_browser,
+    no_sideways_scroll,
+    screenshot,
+)
 
 sys.path.insert(0, str(ROOT / "tests" / "e2e"))
 from _e2e import api, bus_auth, cli, needs_runc, one_worker_stack, wait_until  # noqa: E402
@@ -62,7 +72,7 @@ def dashboard_url(page) -> str:
 def test_signin_through_the_levers9_dashboard_link(stack, tab):
     link = json.loads(cli(stack, "dashboard", "--json").stdout)
     assert link["workspace"] == "default" and "/signin?ticket=" in link["url"]
-    tab.goto(link["url"])
+    goto(tab, link["url"])
     expect(tab.get_by_test_id("workspace")).to_have_text("workspace default")
     expect(tab.get_by_test_id("live")).to_have_text("live")
     expect(tab.get_by_role("table", name="workers")).to_contain_text("ready")
@@ -136,14 +146,14 @@ def test_another_workspaces_container_is_a_404_page(stack, tab):
     r = api_as(stack, "POST", "/api/v1/containers", token, json={"cpu_millicores": 100, "memory_mib": 64})
     assert r.status_code == 202, r.text
     theirs = r.json()["container_id"]
-    tab.goto(f"{dashboard_url(tab)}/container/?id={theirs}")
+    goto(tab, f"{dashboard_url(tab)}/container/?id={theirs}")
     expect(tab.get_by_test_id("not-found")).to_contain_text(f"Container {theirs} was not found")
     api_as(stack, "POST", f"/api/v1/containers/{theirs}/stop", token)
 
 
 def test_phone_width(stack, tab):
     tab.set_viewport_size(PHONE)
-    tab.goto(f"{dashboard_url(tab)}/")
+    goto(tab, f"{dashboard_url(tab)}/")
     expect(tab.get_by_role("table", name="workers")).to_contain_text("ready")
     no_sideways_scroll(tab)
     screenshot(tab, "overview-phone")

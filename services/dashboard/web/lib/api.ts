@@ -52,8 +52,21 @@ async function problem(resp: Response): Promise<HttpError> {
   return new HttpError(resp.status, message);
 }
 
+/** A GET, tried once more when the network fails under it (a read changes nothing, so a second try is
+ *  safe): Chromium aborts requests in flight when the host's interfaces change, as they do on a worker
+ *  host whenever a container's veth comes or goes. */
+async function fetchRead(url: string, signal?: AbortSignal): Promise<Response> {
+  const init: RequestInit = { headers: { Accept: "application/json" }, signal };
+  try {
+    return await fetch(url, init);
+  } catch (err) {
+    if (signal?.aborted || !(err instanceof TypeError)) throw err;
+    return await fetch(url, init);
+  }
+}
+
 export async function getJSON<T>(path: string, params: Params = {}, signal?: AbortSignal): Promise<Answer<T>> {
-  const resp = await fetch(withQuery(path, params), { headers: { Accept: "application/json" }, signal });
+  const resp = await fetchRead(withQuery(path, params), signal);
   if (!resp.ok) throw await problem(resp);
   const total = resp.headers.get("X-Total-Count");
   return {
