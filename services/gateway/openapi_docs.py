@@ -58,6 +58,13 @@ PUBLIC = {"/healthz", "/metrics"}
 # routes whose success body is not JSON
 CONTENT_TYPES = {"/metrics": "text/plain", "/api/v1/images/{image}/events": "application/x-ndjson",
                  "/api/v1/events/stream": "text/event-stream"}
+# one Server-Sent Event as a client parses it (its `data` is the event's JSON, as a string): what a
+# text/event-stream response's schema describes, each event checked against it
+SSE_EVENT: dict[str, Any] = {"type": "object", "properties": {
+    "id": {"type": "string", "description": "the event's stream sequence: send it back as Last-Event-ID"},
+    "event": {"type": "string", "description": "the event type, e.g. ContainerReady"},
+    "data": {"type": "string", "description": "the event as JSON (seq, id, type, occurred_at, data, ...)"},
+    "retry": {"type": "integer"}}}
 # what a handler checks beyond the type FastAPI infers: said in the spec too (component -> field -> keywords)
 CONSTRAINTS: dict[str, dict[str, dict[str, Any]]] = {
     "VolumeRequest": {"name": {"pattern": r"^[a-z0-9][a-z0-9-]{0,62}$"}},  # levers9.contracts.volumes.VolumeName
@@ -129,7 +136,8 @@ def declare_content_and_constraints(schema: dict[str, Any]) -> None:
     for path, content_type in CONTENT_TYPES.items():
         ok = schema["paths"].get(path, {}).get("get", {}).get("responses", {}).get("200")
         if ok is not None:
-            ok["content"] = {content_type: {"schema": {"type": "string"}}}
+            ok["content"] = {content_type: {"schema": SSE_EVENT if content_type == "text/event-stream"
+                                            else {"type": "string"}}}
     components = schema.get("components", {}).get("schemas", {})
     for name, fields in CONSTRAINTS.items():
         for field, keywords in fields.items():
