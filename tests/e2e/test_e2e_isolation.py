@@ -146,3 +146,6 @@ def test_a_hostile_container_reaches_nothing(env):
     # the gateway still reaches both containers
     assert api(env, "POST", "/endpoint/peer", json={}, token=other["token"]).status_code == 200
     assert api(env, "POST", "/endpoint/hostile", json={"targets": []}, timeout=300).json()["succeeded"] == []
+    # workspace `other`'s peer goes with the test: its container would hold the shared stack's worker
+    # for its keep-warm, which the next module's reset (workspace `default` only) waits out
+    assert api(env, "DELETE", "/api/v1/deployments/peer", token=other["token"]).status_code == 200
