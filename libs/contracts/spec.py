@@ -46,6 +46,8 @@ class Scaling(msgspec.Struct, frozen=True, kw_only=True):
     min_containers: Annotated[int, Meta(ge=0, le=100)] = 0
     max_containers: Annotated[int, Meta(ge=1, le=1000)] = 1
     concurrency: Annotated[int, Meta(ge=1, le=10_000)] = 1  # requests one container serves at once
+    # calls of one deployment that may wait for a container at once (per gateway): one more gets 429
+    max_pending: Annotated[int, Meta(ge=0, le=100_000)] = 1000
 
     def __post_init__(self) -> None:
         if self.max_containers < self.min_containers:

@@ -72,6 +72,7 @@ class Minute:
     calls: int = 0
     errors: int = 0
     counts: list[int] = field(default_factory=lambda: [0] * SLOTS)
+    queued_peak: int = 0  # the most calls waiting for a container at once in the minute (any replica's)
 
 
 MinuteKey = tuple[str, str, dt.datetime]  # workspace, deployment id, the minute (UTC, truncated)
@@ -97,6 +98,19 @@ class EndpointMeter:
         m.calls += 1
         m.errors += status >= 500
         m.counts[slot(ms)] += 1
+
+    def queued(self, workspace: str, deployment_id: str, peak: int, at: dt.datetime) -> None:
+        """A sample of a deployment's wait queue: `peak` calls waited at once shortly before `at`."""
+        if peak <= 0:
+            return
+        key = (workspace, deployment_id, at.astimezone(dt.timezone.utc).replace(second=0, microsecond=0))
+        m = self.minutes.get(key)
+        if m is None:
+            if len(self.minutes) >= MAX_PENDING:
+                self.dropped += 1
+                return
+            m = self.minutes[key] = Minute()
+        m.queued_peak = max(m.queued_peak, peak)
 
     def answered(self, workspace: str, container_id: str, at: dt.datetime) -> None:
         """A container answered a call at `at`: kept when it is the first this gateway saw."""
@@ -129,6 +143,7 @@ class EndpointMeter:
             else:
                 mine.calls, mine.errors = mine.calls + m.calls, mine.errors + m.errors
                 mine.counts = add_counts(mine.counts, m.counts)
+                mine.queued_peak = max(mine.queued_peak, m.queued_peak)
         for akey, at in answers.items():
             self.seen.discard(akey)
             if akey in self.answers:

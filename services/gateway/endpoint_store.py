@@ -3,6 +3,8 @@ seconds and once more when the gateway stops, off the calls' path.
 
 - gateway.endpoint_minutes: calls, 5xx errors and latency bucket counts per (workspace, deployment,
   minute). An upsert adds to what is there, so every replica's flushes and a restarted gateway's sum up.
+  Its queued_peak (the most calls that waited at once, sampled from the routers before each flush) is
+  the greatest of any replica's: with several replicas a lower bound of the deployment's true peak.
 - gateway.container_first_answers: when a container first answered a proxied call (the dashboard's
   "first answer" in the start waterfall). Replicas race: the earliest time is kept.
 
@@ -14,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
+from typing import Any, Callable
 
 import asyncpg
 from prometheus_client import Counter
@@ -37,14 +39,17 @@ DDL = [
     """CREATE TABLE IF NOT EXISTS gateway.container_first_answers (
         workspace text NOT NULL, container_id text NOT NULL, at timestamptz NOT NULL,
         PRIMARY KEY (workspace, container_id))""",
+    # the queue-depth sample (added after the table first shipped: an older table gets the column)
+    "ALTER TABLE gateway.endpoint_minutes ADD COLUMN IF NOT EXISTS queued_peak int NOT NULL DEFAULT 0",
 ]
 
 # bucket arrays of different lengths (bounds appended by a later version) add as if zero-padded
 UPSERT_MINUTE = """
-    INSERT INTO gateway.endpoint_minutes AS t (workspace, deployment_id, minute, calls, errors, buckets)
-    VALUES ($1, $2, $3, $4, $5, $6::int[])
+    INSERT INTO gateway.endpoint_minutes AS t (workspace, deployment_id, minute, calls, errors, buckets, queued_peak)
+    VALUES ($1, $2, $3, $4, $5, $6::int[], $7)
     ON CONFLICT (workspace, deployment_id, minute) DO UPDATE SET
         calls = t.calls + EXCLUDED.calls, errors = t.errors + EXCLUDED.errors,
+        queued_peak = GREATEST(t.queued_peak, EXCLUDED.queued_peak),
         buckets = (SELECT array_agg(COALESCE(a, 0) + COALESCE(b, 0) ORDER BY i)
                    FROM unnest(t.buckets, EXCLUDED.buckets) WITH ORDINALITY AS u(a, b, i))"""
 # insert-or-nothing, except that an earlier time (another replica's, flushed later) wins
@@ -66,7 +71,7 @@ async def flush(pool: asyncpg.Pool, meter: EndpointMeter) -> bool:
     minutes, answers = meter.take()
     if not minutes and not answers:
         return True
-    rows: list[tuple[Any, ...]] = [(ws, dep, minute, m.calls, m.errors, m.counts)
+    rows: list[tuple[Any, ...]] = [(ws, dep, minute, m.calls, m.errors, m.counts, m.queued_peak)
                                    for (ws, dep, minute), m in sorted(minutes.items())]
     try:
         async with pool.acquire() as conn, conn.transaction():
@@ -83,11 +88,13 @@ async def flush(pool: asyncpg.Pool, meter: EndpointMeter) -> bool:
     return True
 
 
-async def run(pool: asyncpg.Pool, meter: EndpointMeter, stop: asyncio.Event, every: float = FLUSH_S) -> None:
-    """Flush every `every` seconds until `stop`, then once more."""
+async def run(pool: asyncpg.Pool, meter: EndpointMeter, stop: asyncio.Event, every: float = FLUSH_S,
+              sample: Callable[[], None] = lambda: None) -> None:
+    """Flush every `every` seconds until `stop`, then once more; `sample` adds the queue-depth peaks first."""
     while not stop.is_set():
         try:
             await asyncio.wait_for(stop.wait(), timeout=every)
         except asyncio.TimeoutError:
             pass
+        sample()
         await flush(pool, meter)

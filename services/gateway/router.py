@@ -48,6 +48,7 @@ class DeploymentRouter:
     max_queue: int = 1000
     containers: dict[str, Slot] = field(default_factory=dict)
     waiting: int = 0
+    peak_waiting: int = 0  # the most calls waiting at once since the meter last took it (take_peak)
     last_failure: str = ""
     failures: int = 0
     changed: asyncio.Condition = field(default_factory=asyncio.Condition)
@@ -126,6 +127,7 @@ class DeploymentRouter:
             raise NoCapacity(f"{self.waiting} calls are already waiting for this deployment")
         deadline = time.monotonic() + timeout
         self.waiting += 1
+        self.peak_waiting = max(self.peak_waiting, self.waiting)
         failures_seen = self.failures
         try:
             async with self.changed:
@@ -151,6 +153,12 @@ class DeploymentRouter:
                         pass
         finally:
             self.waiting -= 1
+
+    def take_peak(self) -> int:
+        """The most calls that waited at once since the last take (the queue-depth chart's sample); the
+        peak starts again from the calls waiting now."""
+        peak, self.peak_waiting = self.peak_waiting, self.waiting
+        return peak
 
     async def release(self, slot: Slot) -> None:
         async with self.changed:

@@ -38,6 +38,8 @@ NOTES = {
                      "from the request reaching the gateway to the answer's head leaving it. A minute with "
                      "endpoint calls gives them from latency buckets (within about 25 %), one without the exact "
                      "values (null: no call)",
+    "queued_peak": "the most calls (endpoint and function) that waited at once for a container of the deployment in "
+                   "the minute, sampled every few seconds by each gateway (with several gateways, the greatest)",
     "cold_starts": "containers that became ready in the window: ms from ContainerRequested to ContainerReady",
     "kind": "restored: from the deployment's own checkpoint; shared checkpoint: from a catalogue's; cold: no restore",
 }
@@ -58,7 +60,8 @@ def percentile(values: list[float], q: float) -> float | None:
     return ordered[int(rank) - 1]
 
 
-EndpointMinute = tuple[dt.datetime, int, int, list[int]]  # minute, calls, errors (5xx), latency bucket counts
+# minute, calls, errors (5xx), latency bucket counts, the most calls waiting at once
+EndpointMinute = tuple[dt.datetime, int, int, list[int], int]
 
 
 def minute_series(until: dt.datetime, minutes: int, calls: Iterable[tuple[dt.datetime, str, float]],
@@ -72,17 +75,17 @@ def minute_series(until: dt.datetime, minutes: int, calls: Iterable[tuple[dt.dat
         key = at.replace(second=0, microsecond=0)
         if key in buckets:
             buckets[key].append((outcome, ms))
-    metered: dict[dt.datetime, tuple[int, int, list[int]]] = {}
-    for at, n, errors, counts in endpoint:
+    metered: dict[dt.datetime, tuple[int, int, list[int], int]] = {}
+    for at, n, errors, counts, queued in endpoint:
         key = at.replace(second=0, microsecond=0)
         if key in buckets:
-            had = metered.get(key, (0, 0, []))
-            metered[key] = (had[0] + n, had[1] + errors, add_counts(had[2], list(counts)))
+            had = metered.get(key, (0, 0, [], 0))
+            metered[key] = (had[0] + n, had[1] + errors, add_counts(had[2], list(counts)), max(had[3], queued))
     return [minute_entry(minute, items, metered.get(minute)) for minute, items in buckets.items()]
 
 
 def minute_entry(minute: dt.datetime, items: list[tuple[str, float]],
-                 metered: tuple[int, int, list[int]] | None) -> dict[str, Any]:
+                 metered: tuple[int, int, list[int], int] | None) -> dict[str, Any]:
     durations = [ms for _, ms in items]
     calls, errors = len(items), sum(1 for o, _ in items if o != "ok")
     p50, p99 = percentile(durations, 0.5), percentile(durations, 0.99)
@@ -91,7 +94,8 @@ def minute_entry(minute: dt.datetime, items: list[tuple[str, float]],
         counts = add_counts(metered[2], histogram(durations))
         calls, errors = calls + metered[0], errors + metered[1]
         p50, p99 = bucket_percentile(counts, 0.5), bucket_percentile(counts, 0.99)
-    return {"minute": iso(minute), "calls": calls, "errors": errors, "p50_ms": p50, "p99_ms": p99}
+    return {"minute": iso(minute), "calls": calls, "errors": errors, "p50_ms": p50, "p99_ms": p99,
+            "queued_peak": metered[3] if metered is not None else 0}
 
 
 def cold_summary(starts: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -121,7 +125,7 @@ async def deployment_stats(name: str, caller: User, gw: Gateway, minutes: str = 
         "SELECT finished_at, state, duration_ms FROM gateway.function_calls WHERE workspace = $1 "
         "AND deployment_id = ANY($2::text[]) AND finished_at >= $3", caller.workspace, ids, since)
     endpoint = await gw.pool.fetch(
-        "SELECT minute, calls, errors, buckets FROM gateway.endpoint_minutes WHERE workspace = $1 "
+        "SELECT minute, calls, errors, buckets, queued_peak FROM gateway.endpoint_minutes WHERE workspace = $1 "
         "AND deployment_id = ANY($2::text[]) AND minute >= $3", caller.workspace, ids, since)
     own = frozenset(r["checkpoint_id"] for r in await gw.pool.fetch(
         "SELECT checkpoint_id FROM gateway.checkpoints WHERE workspace = $1 AND deployment_id = ANY($2::text[])",
@@ -136,5 +140,6 @@ async def deployment_stats(name: str, caller: User, gw: Gateway, minutes: str = 
                "ms": round((r["ready_at"] - r["requested_at"]).total_seconds() * 1000, 1)} for r in rows]
     return {"deployment": name, "minutes": window, "since": iso(since), "until": iso(until),
             "calls": minute_series(until, window, ((r["finished_at"], r["state"], r["duration_ms"]) for r in calls),
-                                   ((r["minute"], r["calls"], r["errors"], r["buckets"]) for r in endpoint)),
+                                   ((r["minute"], r["calls"], r["errors"], r["buckets"], r["queued_peak"])
+                                    for r in endpoint)),
             "cold_starts": starts, "cold_start_summary": cold_summary(starts), "notes": NOTES}

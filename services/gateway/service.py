@@ -70,4 +70,4 @@ class GatewayService(Gateway):
 
     def background(self):
         return [*super().background(), lambda stop: serve_functions(self, stop),
-                lambda stop: endpoint_store.run(self.pool, self.meter, stop)]
+                lambda stop: endpoint_store.run(self.pool, self.meter, stop, sample=self.sample_queues)]

@@ -9,6 +9,7 @@ this object through `deps.Gateway`.
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import json
 import logging
 from dataclasses import dataclass
@@ -146,6 +147,15 @@ class Gateway(Service):
             self.container_worker.pop(container_id, None)
         if router is not None:
             await router.update(container_id, update.status, update.address, update.reason)
+
+    def sample_queues(self) -> None:
+        """Give the meter each deployment's wait-queue peak since the last sample (the queue-depth chart).
+        Sessions' routers (keyed `session:`) are one caller's own: they are no deployment's queue."""
+        now = dt.datetime.now(dt.timezone.utc)
+        for key, router in list(self.routers.items()):
+            workspace, sep, deployment_id = key.partition("/")
+            if sep and deployment_id == router.deployment_id:
+                self.meter.queued(workspace, deployment_id, router.take_peak(), now)
 
     async def router_for(self, dep: Deployment) -> DeploymentRouter:
         """The one router of a deployment version. It is registered before anything is awaited, so

@@ -216,6 +216,7 @@ def test_container_page_waterfall_log_events_and_chain(page, site):
 
 def test_stop_from_the_page_sends_the_csrf_header(page, site):
     goto(page, site.url + "/deployment/?name=hello")
+    expect(page.get_by_text("queue depth (most calls waiting at once)")).to_be_visible()
     page.once("dialog", lambda d: d.accept())
     page.get_by_role("button", name="stop deployment").click()
     expect(page.get_by_role("status").filter(has_text="asked")).to_be_visible()

@@ -102,6 +102,18 @@ class FakeGateway:
             ws = gw.caller(request)
             return [d for d in gw.deployments if d["workspace"] == ws]
 
+        @app.get("/api/v1/deployments/{name}/stats")
+        async def stats(name: str, request: Request, minutes: int = 60) -> dict[str, Any]:
+            ws = gw.caller(request)
+            if not any(d["name"] == name and d["workspace"] == ws for d in gw.deployments):
+                raise HTTPException(404, f"no deployment {name!r}")
+            now = dt.datetime.now(dt.timezone.utc).replace(second=0, microsecond=0)
+            calls = [{"minute": (now - dt.timedelta(minutes=minutes - 1 - i)).strftime("%Y-%m-%dT%H:%M:%SZ"),
+                      "calls": i, "errors": 0, "p50_ms": 5.0, "p99_ms": 9.0, "queued_peak": 7 if i == minutes - 1 else 0}
+                     for i in range(minutes)]
+            return {"deployment": name, "minutes": minutes, "since": calls[0]["minute"], "until": calls[-1]["minute"],
+                    "calls": calls, "cold_starts": [], "cold_start_summary": {}, "notes": {}}
+
         @app.post("/api/v1/deployments/{name}/stop")
         async def stop_deployment(name: str, request: Request) -> dict[str, Any]:
             ws = gw.caller(request)

@@ -81,11 +81,11 @@ def test_stats_merge_endpoint_minutes_with_function_calls():
     minute = AT.replace(second=0)
     counts = M.histogram([10.0] * 98 + [900.0] * 2)
     series = minute_series(until, 2, [(AT, "ok", 10.0), (AT, "error", 12.0), (AT - dt.timedelta(minutes=1), "ok", 5.0)],
-                           [(minute, 100, 2, counts), (minute, 1, 1, M.histogram([10.0])),
-                            (minute - dt.timedelta(minutes=5), 7, 0, counts)])  # out of the window
+                           [(minute, 100, 2, counts, 3), (minute, 1, 1, M.histogram([10.0]), 5),
+                            (minute - dt.timedelta(minutes=5), 7, 0, counts, 9)])  # out of the window
     old, now = series
-    assert (old["calls"], old["errors"], old["p50_ms"]) == (1, 0, 5.0)  # no endpoint calls: exact
-    assert (now["calls"], now["errors"]) == (103, 4)
+    assert (old["calls"], old["errors"], old["p50_ms"], old["queued_peak"]) == (1, 0, 5.0, 0)  # exact, none queued
+    assert (now["calls"], now["errors"], now["queued_peak"]) == (103, 4, 5)  # two replicas' rows: the greatest
     low, high = M.bucket_range(M.slot(10.0))
     assert low <= now["p50_ms"] <= high
     low, high = M.bucket_range(M.slot(900.0))
@@ -106,3 +106,40 @@ def test_the_meter_records_status_and_the_answering_container():
     routes_invoke.meter(gw, dep, 502, 0.0, response)  # type: ignore[arg-type]
     (key, m), = gw.meter.minutes.items()
     assert (key[:2], m.calls, m.errors, list(gw.meter.answers)) == (("ws", "d-v1"), 1, 1, [("ws", "c9")])
+
+
+def test_queue_samples_keep_the_minutes_peak_and_survive_a_failed_flush():
+    m = M.EndpointMeter()
+    m.queued("ws", "d", 0, AT)  # nothing waited: no row
+    assert m.minutes == {}
+    m.queued("ws", "d", 4, AT)
+    m.queued("ws", "d", 2, AT + dt.timedelta(seconds=5))
+    taken = m.take()
+    m.queued("ws", "d", 3, AT)
+    m.restore(*taken)
+    assert m.minutes[("ws", "d", AT.replace(second=0))].queued_peak == 4
+
+
+async def test_the_router_peak_counts_calls_waiting_at_once_and_restarts_from_those_still_waiting():
+    import asyncio
+
+    from levers9.gateway.router import DeploymentRouter
+
+    router = DeploymentRouter("d-v1", concurrency=1, max_containers=1)
+    requested: list[str] = []
+
+    async def request() -> str:
+        requested.append(f"c{len(requested)}")
+        return requested[-1]
+
+    waiters = [asyncio.create_task(router.acquire(30, request)) for _ in range(3)]
+    while router.waiting < 3:
+        await asyncio.sleep(0)
+    assert router.take_peak() == 3
+    await router.update("c0", "ready", "10.0.0.2:8000")
+    first = await asyncio.wait_for(asyncio.shield(asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)), 5)
+    assert len(first[0]) == 1 and router.waiting == 2
+    assert router.take_peak() == 3  # the peak since the last take started from the three waiting then
+    assert router.take_peak() == 2  # ... and this one from the two waiting now
+    for w in waiters:
+        w.cancel()

@@ -12,6 +12,7 @@ interface Minute {
   errors: number;
   p50_ms: number | null;
   p99_ms: number | null;
+  queued_peak?: number;
 }
 
 export interface ColdStart {
@@ -36,6 +37,7 @@ export interface RawStats {
 export interface DeploymentStats {
   calls: Series[];
   latency: Series[];
+  queue: Series[];
   kinds: ColdStartKind[];
   starts: ColdStart[];
   notes: string[];
@@ -51,6 +53,7 @@ export function toStats(raw: RawStats): DeploymentStats {
   return {
     calls: [series("calls", "a", (m) => m.calls), series("errors", "c", (m) => m.errors)],
     latency: [series("p50", "a", (m) => m.p50_ms), series("p99", "c", (m) => m.p99_ms)],
+    queue: [series("waiting", "b", (m) => m.queued_peak ?? 0)],
     kinds: KINDS.map((kind) => ({
       kind,
       count: raw.cold_start_summary?.[kind]?.count ?? 0,

@@ -1,5 +1,5 @@
 "use client";
-// One deployment: its versions, stats charts (calls/min, p50/p99 over time, cold starts by kind),
+// One deployment: its versions, stats charts (calls/min, p50/p99 and queue depth over time, cold starts by kind),
 // its checkpoints and its containers, and a stop button. All of it follows the live events.
 import { Suspense } from "react";
 import { ActionButton } from "@/components/ActionButton";
@@ -60,6 +60,7 @@ function Stats({ name }: { name: string }) {
           <div className="charts">
             <LineChart title="calls per minute" series={stats.calls} unit="" />
             <LineChart title="latency p50 / p99" series={stats.latency} unit=" ms" />
+            <LineChart title="queue depth (most calls waiting at once)" series={stats.queue} unit="" />
             <ColdStartChart kinds={stats.kinds} />
             <StartTimes starts={stats.starts} />
           </div>
