@@ -22,7 +22,7 @@ from levers9.contracts import envelope
 from levers9.contracts import events as E
 
 from .executor_client import Outcome, Sink, attempt, failed
-from .router import DeploymentRouter, NoCapacity, StartFailed
+from .router import DeploymentRouter, NoCapacity, QueueFull, StartFailed
 from .state import Deployment
 from .state import Gateway as GatewayState
 
@@ -148,6 +148,8 @@ class Calls:
         for _ in range(UNDELIVERED_TRIES):
             try:
                 slot = await plan.router.acquire(max(plan.timeout, MIN_CAPACITY_WAIT_S), plan.request_container)
+            except QueueFull as exc:
+                return failed(f"the queue is full: {exc}; try again shortly")
             except NoCapacity as exc:
                 return failed(f"no capacity: {exc}")
             except StartFailed as exc:

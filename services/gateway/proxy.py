@@ -9,7 +9,8 @@ caller may send the call elsewhere; one that took the call and gave no answer ra
 from __future__ import annotations
 
 import asyncio
-from typing import Any, AsyncIterator
+import time
+from typing import Any, AsyncIterator, Callable
 
 import aiohttp
 import yarl
@@ -87,7 +88,10 @@ async def send(session: aiohttp.ClientSession, method: str, url: yarl.URL, heade
 
 
 async def forward(session: aiohttp.ClientSession, request: Request, address: str, subpath: str, timeout: float,
-                  limit: int, router: DeploymentRouter, slot: Slot) -> Response:
+                  limit: int, router: DeploymentRouter, slot: Slot,
+                  timing: Callable[[float], str] | None = None) -> Response:
+    """The container's answer to the request; `timing`, given the time the answer's head came back
+    (monotonic), makes the Server-Timing value added to the container's own (server_timing.py)."""
     try:
         body = await request_body(request, limit)
         resp, fresh = await send(session, request.method, target_url(address, subpath, request.url.query),
@@ -109,8 +113,13 @@ async def forward(session: aiohttp.ClientSession, request: Request, address: str
             await fresh.close()
         await router.release(slot)
 
+    head = time.monotonic()
     out_headers = forward_headers(resp.headers)
     out_headers[CONTAINER_HEADER] = slot.container_id  # which container answered
+    if timing is not None:
+        own = resp.headers.getall("Server-Timing", [])
+        out_headers = {k: v for k, v in out_headers.items() if k.lower() != "server-timing"}
+        out_headers["Server-Timing"] = ", ".join([*own, timing(head)])
     if resp.content_length is not None and resp.content_length <= WHOLE_ANSWER_BYTES:
         try:
             data = await resp.read()

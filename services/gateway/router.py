@@ -25,7 +25,11 @@ LIVE = {"requested", "pending", "scheduled", "starting", "ready"}
 
 
 class NoCapacity(Exception):
-    """No container became ready in time, or the queue is full: 503 with Retry-After."""
+    """No container became ready in time: 503 with Retry-After."""
+
+
+class QueueFull(Exception):
+    """`max_queue` calls already wait for a container: 429 with Retry-After, at once."""
 
 
 class StartFailed(Exception):
@@ -38,6 +42,11 @@ class Slot:
     status: str
     address: str = ""
     inflight: int = 0
+    restored: bool = False  # its process came from a checkpoint (Server-Timing says "restored")
+    seen: dict[str, float] = field(default_factory=dict)  # status -> when this gateway first heard it (monotonic)
+
+    def saw(self, status: str) -> None:
+        self.seen.setdefault(status, time.monotonic())
 
 
 @dataclass
@@ -84,7 +93,7 @@ class DeploymentRouter:
             self.pending -= 1
             if not task.cancelled() and task.exception() is None:
                 # an event may have told of it first (the lock was let go by a call that gave up)
-                self.containers.setdefault(task.result(), Slot(task.result(), "requested"))
+                self.containers.setdefault(task.result(), Slot(task.result(), "requested")).saw("requested")
         sent.add_done_callback(registered)
         await asyncio.shield(sent)
 
@@ -103,7 +112,8 @@ class DeploymentRouter:
                     self.containers[container_id] = Slot(container_id, status, address)
             self.changed.notify_all()
 
-    async def update(self, container_id: str, status: str, address: str = "", reason: str = "") -> None:
+    async def update(self, container_id: str, status: str, address: str = "", reason: str = "",
+                     restored: bool = False) -> None:
         async with self.changed:
             if self.heard is not None:
                 self.heard.add(container_id)
@@ -113,6 +123,8 @@ class DeploymentRouter:
                 # calls still in flight to the old address keep the old slot, and take none of the new one's
                 slot = self.containers[container_id] = Slot(container_id, status)
             slot.status = status
+            slot.saw(status)
+            slot.restored = slot.restored or restored
             if address:
                 slot.address = address
             if status in ("failed",) and reason:
@@ -123,36 +135,49 @@ class DeploymentRouter:
             self.changed.notify_all()
 
     async def acquire(self, timeout: float, request_container: Callable[[], Awaitable[str]]) -> Slot:
-        if self.waiting >= self.max_queue:
-            raise NoCapacity(f"{self.waiting} calls are already waiting for this deployment")
+        """A slot on a ready container: at once when one has room, else after waiting in the queue
+        (QueueFull when `max_queue` calls already wait: the caller should come back, not hang)."""
         deadline = time.monotonic() + timeout
-        self.waiting += 1
-        self.peak_waiting = max(self.peak_waiting, self.waiting)
         failures_seen = self.failures
-        try:
-            async with self.changed:
-                while True:
-                    slot = self.free_slot()
-                    if slot is not None:
-                        slot.inflight += 1
-                        return slot
-                    if self.failures > failures_seen and not self.live():
-                        raise StartFailed(self.last_failure)
-                    for _ in range(self.wanted()):
-                        await self.request(request_container)
-                    remaining = deadline - time.monotonic()
-                    if remaining <= 0:
-                        raise NoCapacity(f"no container became ready within {timeout:.0f} s")
-                    # in this task, not in wait_for's: a call cancelled again while wait_for waited for
-                    # its inner wait to take the lock back left at once and let go of a lock another call
-                    # held ("cannot wait on un-acquired lock", found by test_gateway_burst's property)
-                    try:
-                        async with asyncio.timeout(remaining):
-                            await self.changed.wait()
-                    except TimeoutError:
-                        pass
-        finally:
-            self.waiting -= 1
+        async with self.changed:
+            slot = self.free_slot()
+            if slot is not None:
+                slot.inflight += 1
+                return slot
+            if self.waiting >= self.max_queue:
+                raise QueueFull(f"{self.waiting} calls already wait for this deployment "
+                                f"(its max_pending is {self.max_queue})")
+            self.waiting += 1
+            self.peak_waiting = max(self.peak_waiting, self.waiting)
+            try:
+                return await self.wait_for_slot(deadline, timeout, failures_seen, request_container)
+            finally:
+                self.waiting -= 1
+
+    async def wait_for_slot(self, deadline: float, timeout: float, failures_seen: int,
+                            request_container: Callable[[], Awaitable[str]]) -> Slot:
+        """Wait (holding `changed` between wake-ups) until a slot is free, asking for the containers the
+        waiting calls justify; StartFailed when every container failed since the call came."""
+        while True:
+            slot = self.free_slot()
+            if slot is not None:
+                slot.inflight += 1
+                return slot
+            if self.failures > failures_seen and not self.live():
+                raise StartFailed(self.last_failure)
+            for _ in range(self.wanted()):
+                await self.request(request_container)
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise NoCapacity(f"no container became ready within {timeout:.0f} s")
+            # in this task, not in wait_for's: a call cancelled again while wait_for waited for
+            # its inner wait to take the lock back left at once and let go of a lock another call
+            # held ("cannot wait on un-acquired lock", found by test_gateway_burst's property)
+            try:
+                async with asyncio.timeout(remaining):
+                    await self.changed.wait()
+            except TimeoutError:
+                pass
 
     def take_peak(self) -> int:
         """The most calls that waited at once since the last take (the queue-depth chart's sample); the

@@ -14,7 +14,7 @@ import logging
 import re
 import time
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import JSONResponse, Response
@@ -25,10 +25,10 @@ from levers9.contracts.checkpoint_policy import RestoreChoice, restore_choice
 from levers9.contracts.spec import CheckpointRef
 from levers9.runtime import telemetry
 
-from . import proxy
+from . import proxy, server_timing
 from .auth import Caller, User
 from .deps import Gateway
-from .router import NoCapacity, StartFailed
+from .router import NoCapacity, QueueFull, Slot, StartFailed
 from .state import Deployment, route_key
 from .state import Gateway as GatewayState
 
@@ -109,6 +109,7 @@ log = logging.getLogger(__name__)
 
 STOPPING_HEADER = "X-Levers9-Stopping"  # levers9.runner.server.STOPPING_HEADER
 STOPPING_RETRIES = 3
+QUEUE_FULL_RETRY_S = 1  # a full queue drains at the deployment's pace: come back soon, not at once
 CLIENT_GONE = 499  # nginx's code for a request its client closed: below 500, so no error
 
 
@@ -145,6 +146,12 @@ def meter(gw: GatewayState, dep: Deployment, status: int, began: float, response
         log.exception("endpoint meter: a call was not counted")
 
 
+def timing_of(began: float, acquired: float, slot: Slot) -> Callable[[float], str]:
+    """The Server-Timing value for a call that came at `began` and got `slot` at `acquired`."""
+    seen, restored = dict(slot.seen), slot.restored  # as they were when the call got its slot
+    return lambda head: server_timing.header(server_timing.phases(began, acquired, head, seen, restored))
+
+
 async def deliver(gw: GatewayState, request: Request, caller: Caller, dep: Deployment, subpath: str,
                   name: str) -> Response:
     length = int(request.headers.get("content-length") or 0)
@@ -168,9 +175,14 @@ async def deliver(gw: GatewayState, request: Request, caller: Caller, dep: Deplo
     # dropped from the router and the call goes to another one (a sized body is kept by Starlette and
     # sent again; a streamed one cannot be)
     replayable = "transfer-encoding" not in request.headers
+    began = time.monotonic()
     for attempt in range(1 + (STOPPING_RETRIES if replayable else 0)):
         try:
             slot = await router_.acquire(timeout, request_container)
+        except QueueFull as exc:
+            return JSONResponse({"detail": f"the queue is full: {exc}; try again shortly",
+                                 "correlation_id": correlation}, status_code=429,
+                                headers={"Retry-After": str(QUEUE_FULL_RETRY_S)})
         except NoCapacity as exc:
             return JSONResponse({"detail": f"no capacity: {exc}", "correlation_id": correlation}, status_code=503,
                                 headers={"Retry-After": "5"})
@@ -179,7 +191,8 @@ async def deliver(gw: GatewayState, request: Request, caller: Caller, dep: Deplo
                                  "correlation_id": correlation}, status_code=502)
         try:
             response = await proxy.forward(gw.session, request, slot.address, subpath, timeout,
-                                           gw.settings.gateway.max_body_bytes, router_, slot)
+                                           gw.settings.gateway.max_body_bytes, router_, slot,
+                                           timing=timing_of(began, time.monotonic(), slot))
         except proxy.Unreached as exc:
             log.warning("container %s at %s: %s; the call goes elsewhere", slot.container_id, slot.address, exc)
             await router_.update(slot.container_id, "unreachable")

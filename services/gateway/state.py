@@ -69,6 +69,7 @@ class RouteUpdate:
     status: str
     address: str
     reason: str
+    restored: bool = False
 
 
 def route_update(ev: E.Event) -> RouteUpdate | None:
@@ -76,7 +77,8 @@ def route_update(ev: E.Event) -> RouteUpdate | None:
     status = CONTAINER_STATUS.get(type(ev).__name__)
     if status is None:
         return None
-    return RouteUpdate(status, getattr(ev, "address", ""), getattr(ev, "reason", ""))
+    return RouteUpdate(status, getattr(ev, "address", ""), getattr(ev, "reason", ""),
+                       bool(getattr(ev, "restored_from", "")))
 
 
 class Gateway(Service):
@@ -146,7 +148,7 @@ class Gateway(Service):
             self.container_deployment.pop(container_id, None)
             self.container_worker.pop(container_id, None)
         if router is not None:
-            await router.update(container_id, update.status, update.address, update.reason)
+            await router.update(container_id, update.status, update.address, update.reason, update.restored)
 
     def sample_queues(self) -> None:
         """Give the meter each deployment's wait-queue peak since the last sample (the queue-depth chart).
@@ -167,7 +169,7 @@ class Gateway(Service):
         if router is None:
             scaling = dep.spec.scaling
             router = self.routers[key] = DeploymentRouter(dep.deployment_id, scaling.concurrency,
-                                                          scaling.max_containers)
+                                                          scaling.max_containers, max_queue=scaling.max_pending)
             router.begin_loading()
             task = self.router_loads[key] = asyncio.create_task(self.load_router(key, router, dep))
             task.add_done_callback(lambda t: self.router_loads.pop(key) if self.router_loads.get(key) is t else None)

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from levers9.gateway.router import LIVE, DeploymentRouter, NoCapacity, Slot, StartFailed
+from levers9.gateway.router import LIVE, DeploymentRouter, NoCapacity, QueueFull, Slot, StartFailed
 
 
 async def until(condition: Callable[[], bool], timeout: float = 5.0) -> None:
@@ -79,12 +79,26 @@ async def test_the_queue_is_bounded():
 
     waiting = [asyncio.create_task(r.acquire(1, request)) for _ in range(2)]
     await until(lambda: r.waiting == 2)
-    with pytest.raises(NoCapacity, match="already waiting"):
+    with pytest.raises(QueueFull, match="max_pending is 2"):
         await r.acquire(1, request)
     for w in waiting:
         w.cancel()
     await asyncio.gather(*waiting, return_exceptions=True)
     assert r.waiting == 0
+
+
+async def test_a_full_queue_still_lets_a_call_take_a_free_slot_and_zero_means_no_wait():
+    r = DeploymentRouter("d", concurrency=2, max_containers=1, max_queue=0)
+
+    async def request():
+        return "c1"
+
+    with pytest.raises(QueueFull):  # nothing is ready and nobody may wait
+        await r.acquire(1, request)
+    await r.update("c1", "ready", "http://10.0.0.2:8000", restored=True)
+    slot = await r.acquire(1, request)  # a free slot needs no queue
+    assert (slot.container_id, slot.restored, r.waiting) == ("c1", True, 0)
+    assert {"ready"} <= set(slot.seen)
 
 
 # ---- how many containers the waiting calls justify (pure: from the router's state) --------------
