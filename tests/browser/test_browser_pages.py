@@ -214,6 +214,21 @@ def test_container_page_waterfall_log_events_and_chain(page, site):
     expect(chain.locator("li").nth(3)).to_contain_text("+900 ms")
 
 
+def test_an_image_builds_log_streams_line_by_line_from_its_events(page, site):
+    site.gw.images["img-1"] = {"workspace": "ws-a", "image_id": "img-1", "status": "building", "reference": "",
+                               "steps": [{"index": 0, "text": "RUN make", "state": "running"}], "failing_step": -1,
+                               "log_tail": ["tail only"], "size_bytes": 0}
+    site.append("ws-a", "ImageBuildProgress", "image", "img-1", {"step": 0, "total": 1, "state": "log",
+                                                               "lines": ["compiling a.c", "compiling b.c"]})
+    goto(page, site.url + "/image/?id=img-1")
+    log = page.get_by_test_id("build-log")
+    expect(log).to_contain_text("compiling b.c")  # the history, read from the event log
+    site.append("ws-a", "ImageBuildProgress", "image", "img-1", {"step": 0, "total": 1, "state": "log",
+                                                               "lines": ["linking levers9"]})
+    expect(log).to_contain_text("linking levers9")  # live, without a reload
+    assert log.inner_text().count("compiling a.c") == 1 and "tail only" not in log.inner_text()
+
+
 def test_stop_from_the_page_sends_the_csrf_header(page, site):
     goto(page, site.url + "/deployment/?name=hello")
     expect(page.get_by_text("queue depth (most calls waiting at once)")).to_be_visible()

@@ -42,6 +42,7 @@ class FakeGateway:
         self.workers: list[dict[str, Any]] = []
         self.secrets: dict[str, list[dict[str, Any]]] = {}
         self.logs: dict[str, str] = {}
+        self.images: dict[str, dict[str, Any]] = {}  # image_id -> build row (with workspace)
         self.posts: list[tuple[str, str]] = []  # (workspace, path) of every change asked
         self.stream_opens: list[tuple[str, int | None]] = []  # (workspace, after) of each /events/stream
         self.appended = asyncio.Condition()
@@ -189,6 +190,13 @@ class FakeGateway:
             gw.caller(request)
             body = await request.json()
             return {"result": sum(body["args"]), "correlation_id": "c-fn", "attempts": 1, "output": ""}
+
+        @app.get("/api/v1/images/{image_id}")
+        async def image(image_id: str, request: Request) -> dict[str, Any]:
+            row = gw.images.get(image_id)
+            if row is None or row["workspace"] != gw.caller(request):
+                raise HTTPException(404, f"no image {image_id!r}")
+            return row
 
         @app.get("/api/v1/events")
         async def events(request: Request, response: Response, type: str = "", aggregate: str = "",

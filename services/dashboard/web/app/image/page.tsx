@@ -1,6 +1,8 @@
 "use client";
-// One image build: each step with its state and time as the build goes, and the build's log tail.
+// One image build: each step with its state and time as the build goes, and the build's whole log,
+// streamed line by line from its events (BuildLog).
 import { Suspense } from "react";
+import { BuildLog } from "@/components/BuildLog";
 import { ErrorNote, Loading, NotFound, Section, StatusPill } from "@/components/Status";
 import { seg } from "@/lib/api";
 import { bytes, timeOf } from "@/lib/format";
@@ -36,7 +38,7 @@ function ImageView() {
         <ol className="steps">{steps.map((s) => <Step key={s.index} step={s} failing={s.index === image.failing_step} />)}</ol>
       </Section>
       <Section title="Log">
-        <div className="logs"><pre>{(image.log_tail ?? []).join("\n") || "no output yet"}</pre></div>
+        <BuildLog imageId={image.image_id} fallback={image.log_tail ?? []} />
       </Section>
     </>
   );
