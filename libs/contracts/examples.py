@@ -37,6 +37,8 @@ def _sample(name: str, annotation: object) -> object:
         return 1
     if annotation is bool:
         return False
+    if annotation is float:
+        return 1.0
     return "example"
 
 

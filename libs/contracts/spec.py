@@ -13,6 +13,7 @@ from typing import Annotated, Literal
 import msgspec
 from msgspec import Meta
 
+from .task_spec import ScheduleOptions, TaskQueueOptions
 from .volumes import BucketMount, VolumeMount, check_mounts
 
 Name = Annotated[str, Meta(pattern=r"^[a-z0-9][a-z0-9-]{0,62}$")]  # URL path, subject token, DNS label
@@ -140,9 +141,13 @@ class DeploymentSpec(msgspec.Struct, frozen=True, kw_only=True):
     function: FunctionOptions | None = None  # code.kind "function" only
     volumes: list[VolumeMount] = []  # the workspace's volumes (levers9.contracts.volumes)
     buckets: list[BucketMount] = []  # S3 buckets mounted per container
+    task_queue: TaskQueueOptions | None = None  # code.kind "function" only: its calls are tasks (task_spec.py)
+    schedule: ScheduleOptions | None = None  # code.kind "function" only: run on a cron
 
     def __post_init__(self) -> None:
         check_mounts(self.volumes, self.buckets)
+        if (self.task_queue or self.schedule) and self.code.kind != "function":
+            raise ValueError("task_queue and schedule are options of a deployed function (code.kind 'function')")
 
 
 

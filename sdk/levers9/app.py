@@ -47,7 +47,7 @@ __all__ = ["App", "CloudBucket", "ConfigError", "Image", "Secret", "Volume", "lo
 # the top-level keys of DeploymentSpec, the ones a spec may have (image_ref is the gateway's: the SDK
 # never sends it)
 SPEC_KEYS = ("name", "app_name", "code", "image", "image_ref", "resources", "scaling", "timeout_seconds", "secrets",
-             "env", "checkpoint_enabled", "pool", "function", "volumes", "buckets")
+             "env", "checkpoint_enabled", "pool", "function", "volumes", "buckets", "task_queue", "schedule")
 
 # ---- App -----------------------------------------------------------------------------------------
 
@@ -108,6 +108,22 @@ class App:
             return fn
 
         return register(func) if func is not None else register
+
+    def task_queue(self, func: Callable[..., Any] | None = None, /, **options: Any) -> Any:
+        """A function whose calls are tasks (levers9.task_queues): `.put(*args, **kwargs)` enqueues one and
+        returns its TaskHandle (the task id) at once; `.result(timeout)` waits for it. Options: retries,
+        retry_backoff (seconds, doubled per retry), timeout (per attempt), ttl (seconds a task may wait),
+        concurrency, max_containers, tasks_per_container, callback_url, and those of @app.function."""
+        from levers9.task_queues import register_task_queue
+
+        return register_task_queue(self, func, options)
+
+    def schedule(self, cron: str, /, *, timezone: str = "UTC", catch_up: bool = True, **options: Any) -> Any:
+        """Run a function on a cron ("*/5 * * * *") in a time zone, each run a task; a tick missed while
+        the platform was down runs once when it is back (catch_up=False: skipped)."""
+        from levers9.task_queues import register_schedule
+
+        return register_schedule(self, cron, timezone, catch_up, options)
 
     def session(self) -> Any:
         """`with app.session():` the calls of this app's functions in the block share one sandbox

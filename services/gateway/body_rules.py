@@ -17,6 +17,7 @@ import msgspec
 MAX_JSON_DEPTH = 100  # arrays and objects inside each other; a blueprint or a spec needs fewer than 10
 API_JSON_LIMIT = 1 << 20  # a JSON body of the user API (a blueprint, a token's name, a container request)
 CATALOGUE_LIMIT = 8 << 20  # a catalogue document (routes_catalogues)
+TASK_PAYLOAD_LIMIT = 256 << 10  # a task's arguments: its TaskEnqueued must fit one message of the log (1 MiB)
 FORM_OVERHEAD = 1 << 20  # a deploy's spec field and the multipart framing, beside its code archive
 NO_BODY_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 PROXIED = ("/endpoint/", "/box/")  # streamed to a container as they come: routes_invoke's own limit
@@ -41,6 +42,8 @@ def body_rule(method: str, path: str, *, code_limit: int, file_limit: int, call_
         return BodyRule(CATALOGUE_LIMIT, True, "a catalogue")
     if path.startswith("/function/"):
         return BodyRule(call_limit, True, "a function call's arguments")
+    if path.startswith("/taskqueue/"):
+        return BodyRule(TASK_PAYLOAD_LIMIT, True, "a task's arguments")
     return BodyRule(API_JSON_LIMIT, True, "a JSON body of the API")
 
 

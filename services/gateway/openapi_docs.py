@@ -54,6 +54,7 @@ BY_MODULE: dict[str, tuple[int, ...]] = {
     "routes_events": (),
     "routes_calls": (404, 409),
     "routes_stats": (404,),
+    "routes_tasks": (400, 404, 409, 413),
 }
 PUBLIC = {"/healthz", "/metrics"}
 # routes whose success body is not JSON

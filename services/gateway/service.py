@@ -27,6 +27,7 @@ from . import (
     routes_internal,
     routes_invoke,
     routes_stats,
+    routes_tasks,
     routes_tokens,
     routes_volumes,
     routes_workers,
@@ -36,17 +37,19 @@ from .errors import install as install_error_handlers
 from .functions_grpc import serve as serve_functions
 from .openapi_docs import document
 from .state import Gateway
+from .task_runner import TaskRunner
 from .views_events import CallsView, EventsView
+from .views_tasks import TasksView
 
 ROUTERS = (routes_tokens, routes_catalogues, routes_deployments, routes_images, routes_containers, routes_checkpoints, routes_workers,
            routes_internal, routes_functions, routes_invoke, routes_volumes, routes_clusters, routes_events, routes_calls,
-           routes_stats)
+           routes_stats, routes_tasks)
 
 
 class GatewayService(Gateway):
     # attached clusters (routes_clusters), the event index and the calls (routes_events, routes_calls);
     # state.Gateway's tuple type is narrower than Service's Sequence
-    projections = (*Gateway.projections, ClustersView(), EventsView(), CallsView())  # type: ignore[assignment]
+    projections = (*Gateway.projections, ClustersView(), EventsView(), CallsView(), TasksView())  # type: ignore[assignment]
 
     def routes(self, app: FastAPI) -> None:
         app.state.gateway = self
@@ -70,4 +73,10 @@ class GatewayService(Gateway):
 
     def background(self):
         return [*super().background(), lambda stop: serve_functions(self, stop),
-                lambda stop: endpoint_store.run(self.pool, self.meter, stop, sample=self.sample_queues)]
+                lambda stop: endpoint_store.run(self.pool, self.meter, stop, sample=self.sample_queues),
+                self.run_tasks]
+
+    async def run_tasks(self, stop) -> None:
+        """Task queues: this gateway's share of the durable task consumer (task_runner.py)."""
+        self.tasks = TaskRunner(self)
+        await self.tasks.run(stop)

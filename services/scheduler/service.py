@@ -32,6 +32,7 @@ from . import catalogues
 from .memory import Memory, Touched
 from .placer import Placer
 from .recovery import awaiting_fence, load
+from .schedules import Schedules
 from .state import (
     Container,
     Release,
@@ -105,7 +106,7 @@ class SchedulerService(Service):
             self.placer.request_again(c, re_request(c))
 
     def background(self) -> list[Callable[[asyncio.Event], Awaitable[None]]]:
-        return [self.placing, self.sweeping]
+        return [self.placing, self.sweeping, lambda stop: Schedules(self.bus).run(stop)]
 
     def reactions(self) -> list[WorkConsumer]:
         return [catalogues.consumer(self.bus, self.settings, self.placer.catalogues)]

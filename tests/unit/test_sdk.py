@@ -169,7 +169,7 @@ def test_spec_has_exactly_the_documented_keys_and_defaults():
         "resources": {"cpu_millicores": 1000, "memory_mib": 1024, "gpu": [], "gpu_count": 0},
         "scaling": {"keep_warm_seconds": 60, "min_containers": 0, "max_containers": 1, "concurrency": 1},
         "timeout_seconds": 180, "secrets": [], "env": {}, "checkpoint_enabled": False, "pool": "default",
-        "function": None, "volumes": [], "buckets": []}
+        "function": None, "volumes": [], "buckets": [], "task_queue": None, "schedule": None}
     assert handler(x=3) == 6  # still callable locally
 
 

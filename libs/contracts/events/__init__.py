@@ -36,7 +36,17 @@ from .image import (
     ImageDeleted,
     ImagePushed,
 )
+from .schedule import ScheduleFired
 from .secret import SecretDeleted, SecretSet
+from .task import (
+    TaskCancelled,
+    TaskEnqueued,
+    TaskExpired,
+    TaskFailed,
+    TaskRetried,
+    TaskStarted,
+    TaskSucceeded,
+)
 from .token import TokenCreated, TokenRevoked
 from .volume import VolumeCreated, VolumeDeleted
 from .worker import (
@@ -63,6 +73,7 @@ AnyEvent = Union[
     ImageDeleted, TokenCreated, TokenRevoked, SecretSet, SecretDeleted,
     FunctionCallStarted, FunctionCallFinished, CatalogueBuilt, WorkerCatalogueChecked,
     VolumeCreated, VolumeDeleted, ClusterAttached, ClusterShared, ClusterDetached,
+    TaskEnqueued, TaskStarted, TaskSucceeded, TaskFailed, TaskRetried, TaskExpired, TaskCancelled, ScheduleFired,
 ]
 
 EVENT_TYPES: dict[str, type[Event]] = {cls.__name__: cls for cls in AnyEvent.__args__}  # type: ignore[attr-defined]

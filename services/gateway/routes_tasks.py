@@ -1,0 +1,138 @@
+"""Task queues over REST: put a task, read one, list them, cancel one; and the schedules.
+
+`POST /taskqueue/NAME` appends a TaskEnqueued for the deployed function NAME (one declared with
+`@app.task_queue`) and answers 202 with the task id at once; the gateway's task runner
+(task_runner.py) runs it. Its arguments are the body, as for `POST /function/APP/NAME`, held to
+TASK_PAYLOAD_LIMIT (413) so that the TaskEnqueued fits one message of the log. A task of another
+workspace, like an unknown queue, answers 404.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+from typing import Any
+
+from fastapi import APIRouter, HTTPException, Request
+from fastapi.responses import JSONResponse
+
+from levers9.contracts import envelope, subjects, uuid7
+from levers9.contracts import events as E
+from levers9.contracts.schedule_ticks import next_ticks
+from levers9.contracts.spec import spec_from_builtins
+from levers9.runtime.bus import ConcurrencyConflict
+
+from . import task_log
+from .auth import User
+from .body_rules import TASK_PAYLOAD_LIMIT
+from .deps import Gateway
+from .event_rules import BadQuery, parse_int
+from .function_targets import TargetError, deployed
+from .routes_functions import arguments
+from .state import row_json
+from .views_tasks import TASK_STATES
+
+router = APIRouter()
+
+COLUMNS = "task_id, deployment_id, queue, function, status, attempt, reason, schedule_id, tick, enqueued_at, updated_at"
+
+
+@router.post("/taskqueue/{name}", status_code=202)
+async def put_task(name: str, request: Request, caller: User, gw: Gateway) -> dict[str, Any]:
+    body = await request.body()
+    if len(body) > TASK_PAYLOAD_LIMIT:
+        raise HTTPException(413, f"the task's arguments are {len(body)} bytes; the limit is {TASK_PAYLOAD_LIMIT}")
+    try:
+        dep = await deployed(gw, caller.workspace, "", name)
+    except TargetError:
+        dep = None
+    options = dep.spec.task_queue if dep is not None else None
+    if dep is None or options is None:
+        raise HTTPException(404, f"no task queue {name!r} in workspace {caller.workspace!r}: declare one with "
+                                 "@app.task_queue() and deploy it with `levers9 deploy FILE`")
+    task_id = uuid7()
+    event = E.TaskEnqueued(
+        task_id=task_id, deployment_id=dep.deployment_id, queue=dep.name, function=f"{dep.spec.app_name}.{dep.name}",
+        payload=arguments(body).decode(), enqueued_at=time.time(), ttl_seconds=options.ttl, retries=options.retries,
+        retry_backoff=options.retry_backoff, timeout_seconds=float(dep.spec.timeout_seconds),
+        callback_url=options.callback_url, token_id=caller.token_id)
+    await gw.bus.publish(envelope(event, workspace=caller.workspace, id=task_id))
+    return {"task_id": task_id, "status": "queued", "queue": dep.name}
+
+
+@router.get("/api/v1/tasks/{task_id}")
+async def show_task(task_id: str, caller: User, gw: Gateway) -> dict[str, Any]:
+    loaded = await task_log.load(gw.bus, caller.workspace, task_id)
+    if loaded is None:
+        raise HTTPException(404, f"no task {task_id!r} in workspace {caller.workspace!r}")
+    return task_log.view(loaded)
+
+
+@router.post("/api/v1/tasks/{task_id}/cancel")
+async def cancel_task(task_id: str, caller: User, gw: Gateway) -> dict[str, Any]:
+    """Cancel a task that has not ended: the TaskCancelled is its outcome, a running attempt's own
+    outcome is then dropped (and the attempt stopped when this gateway runs it). 409 once it ended."""
+    for _ in range(5):
+        loaded = await task_log.load(gw.bus, caller.workspace, task_id)
+        if loaded is None:
+            raise HTTPException(404, f"no task {task_id!r} in workspace {caller.workspace!r}")
+        if loaded.state.done:
+            raise HTTPException(409, f"task {task_id} has already ended: {loaded.state.status}")
+        event = E.TaskCancelled(task_id=task_id, deployment_id=loaded.state.deployment_id, token_id=caller.token_id,
+                                reason=f"cancelled by token {caller.token_id}")
+        try:
+            await gw.bus.append(envelope(event, workspace=caller.workspace), loaded.last_seq)
+        except ConcurrencyConflict:
+            continue
+        runner = getattr(gw, "tasks", None)
+        stopped = runner.cancel_here(task_id) if runner is not None else False
+        return {"task_id": task_id, "status": "cancelled", "stopped_here": stopped}
+    raise HTTPException(409, f"task {task_id} keeps changing; try again")
+
+
+@router.get("/api/v1/tasks")
+async def list_tasks(request: Request, caller: User, gw: Gateway) -> JSONResponse:
+    """Newest first. Query: status, queue (the deployment's name), limit (1..1000), offset."""
+    params = dict(request.query_params)
+    where, args = "", []
+    try:
+        if params.get("status"):
+            if params["status"] not in TASK_STATES:
+                raise BadQuery(f"unknown status {params['status'][:40]!r}; one of {', '.join(TASK_STATES)}")
+            args.append(params["status"])
+            where += f" AND status = ${len(args) + 1}"
+        if params.get("queue"):
+            args.append(params["queue"])
+            where += f" AND queue = ${len(args) + 1}"
+        limit = parse_int("limit", params["limit"], 1, 1000) if params.get("limit") else 100
+        offset = parse_int("offset", params["offset"], 0, 10_000_000) if params.get("offset") else 0
+    except BadQuery as exc:
+        raise HTTPException(422, str(exc)) from None
+    total = await gw.pool.fetchval(f"SELECT count(*) FROM gateway.tasks WHERE workspace = $1{where}",
+                                   caller.workspace, *args)
+    rows = await gw.pool.fetch(f"SELECT {COLUMNS} FROM gateway.tasks WHERE workspace = $1{where} "
+                               f"ORDER BY enqueued_at DESC, task_id DESC LIMIT {limit} OFFSET {offset}",
+                               caller.workspace, *args)
+    return JSONResponse({"tasks": [row_json(r) for r in rows], "total": total, "limit": limit, "offset": offset})
+
+
+@router.get("/api/v1/schedules")
+async def list_schedules(caller: User, gw: Gateway) -> dict[str, Any]:
+    """Each scheduled function of the workspace: its cron, time zone, next runs and its last tick."""
+    rows = await gw.pool.fetch("SELECT DISTINCT ON (name) deployment_id, name, spec FROM gateway.deployments WHERE workspace=$1 "
+                               "AND status='active' AND jsonb_typeof(spec->'schedule') = 'object' "
+                               "ORDER BY name, version DESC", caller.workspace)
+    now = dt.datetime.now(dt.timezone.utc)
+    out = []
+    for r in rows:
+        spec = spec_from_builtins(row_json(r, "spec")["spec"])
+        if spec.schedule is None:
+            continue
+        s = spec.schedule
+        last = await task_log.last_message(gw.bus, subjects.subject(caller.workspace, "schedule", r["name"],
+                                                                    "ScheduleFired"))
+        fired = last[1] if last is not None else None
+        out.append({"name": r["name"], "deployment_id": r["deployment_id"], "cron": s.cron, "timezone": s.timezone,
+                    "catch_up": s.catch_up, "next_runs": [t.isoformat() for t in next_ticks(s.cron, s.timezone, now, 3)],
+                    "last_tick": getattr(fired, "tick", ""), "last_task_id": getattr(fired, "task_id", "")})
+    return {"schedules": out}
