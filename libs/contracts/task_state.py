@@ -66,7 +66,9 @@ def apply(state: TaskState, event: Event) -> TaskState:
     if isinstance(event, TaskRetried):
         return replace(state, status=status, attempt=event.attempt, not_before=event.not_before,
                        retries_used=event.retries_used, platform_retries=event.platform_retries)
-    return replace(state, status=status, ended=event)
+    # Succeeded and Failed name their attempt: a state read from the TaskEnqueued and the outcome alone
+    # (task_log) knows it too
+    return replace(state, status=status, ended=event, attempt=getattr(event, "attempt", state.attempt))
 
 
 def fold(events: Iterable[Event]) -> TaskState:
