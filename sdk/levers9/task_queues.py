@@ -16,18 +16,54 @@ from __future__ import annotations
 import functools
 import json
 import time
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from levers9.options import ConfigError
 
-if TYPE_CHECKING:
-    from levers9.app import App
-    from levers9.client import Client
-
 QUEUE_OPTIONS = ("retries", "retry_backoff", "ttl", "tasks_per_container", "callback_url")
 ENDED = ("succeeded", "failed", "expired", "cancelled")
 POLL_S = (0.05, 0.1, 0.2, 0.5, 1.0)
+
+
+class TaskApiError(Exception):
+    """The gateway refused or could not be reached: the message says what failed and why."""
+
+    def __init__(self, message: str, status: int | None = None):
+        super().__init__(message)
+        self.status = status
+
+
+class _Api:
+    """The few gateway calls of tasks, with the profile `levers9 up` wrote. Not levers9.client: that
+    imports levers9.app, which imports this module."""
+
+    def __init__(self) -> None:
+        import httpx
+
+        from levers9.runtime.config import Settings
+
+        s = Settings.load()
+        if not s.client.gateway_url:
+            raise TaskApiError("no gateway is known: run `levers9 up`, or set LEVERS9_GATEWAY_URL")
+        headers = {"Authorization": f"Bearer {s.client.token}"} if s.client.token else {}
+        self.http = httpx.Client(base_url=s.client.gateway_url.rstrip("/"), headers=headers, timeout=60)
+
+    def call(self, method: str, path: str, what: str, **kwargs: Any) -> Any:
+        import httpx
+
+        try:
+            r = self.http.request(method, path, **kwargs)
+        except httpx.HTTPError as exc:
+            raise TaskApiError(f"{what} failed: {type(exc).__name__}: {exc}: is levers9 running? `levers9 status`") \
+                from None
+        if r.status_code >= 400:
+            try:
+                detail = r.json().get("detail", "")
+            except ValueError:
+                detail = r.text[:200]
+            raise TaskApiError(f"{what} failed: the gateway answered {r.status_code}: {detail}", r.status_code)
+        return r.json()
 
 
 class TaskError(Exception):
@@ -81,9 +117,9 @@ def schedule_options(cron: Any, timezone: Any, catch_up: Any) -> dict[str, Any]:
 
 class TaskHandle(str):
     """A task's id (it is the string) with a way to wait for its outcome."""
-    _client: Client | None
+    _client: _Api | None
 
-    def __new__(cls, task_id: str, client: Client | None = None) -> TaskHandle:
+    def __new__(cls, task_id: str, client: _Api | None = None) -> TaskHandle:
         handle = super().__new__(cls, task_id)
         handle._client = client
         return handle
@@ -92,16 +128,14 @@ class TaskHandle(str):
     def task_id(self) -> str:
         return str(self)
 
-    def _api(self) -> Client:
+    def _api(self) -> _Api:
         if self._client is None:
-            from levers9.client import Client
-
-            self._client = Client.from_profile()
+            self._client = _Api()
         return self._client
 
     def status(self) -> dict[str, Any]:
         """What `GET /api/v1/tasks/ID` says: status, attempt, result or error, output."""
-        return self._api()._call("GET", f"/api/v1/tasks/{self}", f"reading task {self}", see="levers9 tasks list")
+        return self._api().call("GET", f"/api/v1/tasks/{self}", f"reading task {self}")
 
     def result(self, timeout: float | None = None) -> Any:
         """Wait for the task's outcome: its result, or TaskError (failed, expired, cancelled); TimeoutError
@@ -123,7 +157,7 @@ class TaskHandle(str):
             n += 1
 
     def cancel(self) -> dict[str, Any]:
-        return self._api()._call("POST", f"/api/v1/tasks/{self}/cancel", f"cancelling task {self}")
+        return self._api().call("POST", f"/api/v1/tasks/{self}/cancel", f"cancelling task {self}")
 
 
 class TaskQueue:
@@ -141,17 +175,14 @@ class TaskQueue:
 
     def put(self, *args: Any, **kwargs: Any) -> TaskHandle:
         """Enqueue one task with these (JSON) arguments; returns its handle (the task id) at once."""
-        from levers9.client import Client
-
         try:
             body = json.dumps({"args": list(args), "kwargs": kwargs})
         except (TypeError, ValueError) as exc:
             raise TypeError(f"a task's arguments travel as JSON: {exc}") from None
-        client = Client.from_profile()
-        answer = client._call("POST", f"/taskqueue/{self.name}", f"putting a task on {self.name!r}",
-                              see="levers9 deployments list", content=body,
-                              headers={"Content-Type": "application/json"})
-        return TaskHandle(answer["task_id"], client)
+        api = _Api()
+        answer = api.call("POST", f"/taskqueue/{self.name}", f"putting a task on {self.name!r} (deployed? "
+                          "`levers9 deployments list`)", content=body, headers={"Content-Type": "application/json"})
+        return TaskHandle(answer["task_id"], api)
 
 
 class Scheduled:
@@ -168,7 +199,7 @@ class Scheduled:
         return self.local(*args, **kwargs)
 
 
-def register_task_queue(app: App, func: Any, options: dict[str, Any]) -> Any:
+def register_task_queue(app: Any, func: Any, options: dict[str, Any]) -> Any:
     """@app.task_queue: a deployed function (code kind "function") with a task_queue section."""
     queue = queue_options(**{k: options.pop(k) for k in QUEUE_OPTIONS if k in options})
     _refuse(options, "task_queue")
@@ -182,7 +213,7 @@ def register_task_queue(app: App, func: Any, options: dict[str, Any]) -> Any:
     return register(func) if func is not None else register
 
 
-def register_schedule(app: App, cron: Any, timezone: Any, catch_up: Any, options: dict[str, Any]) -> Any:
+def register_schedule(app: Any, cron: Any, timezone: Any, catch_up: Any, options: dict[str, Any]) -> Any:
     """@app.schedule(cron): a deployed function with a schedule section (and the queue options of its runs)."""
     schedule = schedule_options(cron, timezone, catch_up)
     queue = queue_options(**{k: options.pop(k) for k in QUEUE_OPTIONS if k in options})
