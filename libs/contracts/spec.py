@@ -15,6 +15,7 @@ from msgspec import Meta
 
 from .task_spec import ScheduleOptions, TaskQueueOptions
 from .volumes import BucketMount, VolumeMount, check_mounts
+from .warm_schedule import check as check_schedule
 
 Name = Annotated[str, Meta(pattern=r"^[a-z0-9][a-z0-9-]{0,62}$")]  # URL path, subject token, DNS label
 PoolName = Annotated[str, Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]{0,62}$")]
@@ -43,16 +44,48 @@ class Resources(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class Scaling(msgspec.Struct, frozen=True, kw_only=True):
+    """How many containers a deployment has: the autoscaling policy (levers9.contracts.autoscaling)
+    reads every field here. `keep_warm_seconds` is the older name of `scaledown_window` (how long a
+    container may stay idle before the policy stops it): give one of them."""
     keep_warm_seconds: Annotated[int, Meta(ge=0, le=86_400)] = 60
     min_containers: Annotated[int, Meta(ge=0, le=100)] = 0
     max_containers: Annotated[int, Meta(ge=1, le=1000)] = 1
-    concurrency: Annotated[int, Meta(ge=1, le=10_000)] = 1  # requests one container serves at once
+    concurrency: Annotated[int, Meta(ge=1, le=10_000)] = 1  # requests one container serves at once (hard cap)
     # calls of one deployment that may wait for a container at once (per gateway): one more gets 429
     max_pending: Annotated[int, Meta(ge=0, le=100_000)] = 1000
+    buffer_containers: Annotated[int, Meta(ge=0, le=100)] = 0  # idle ones kept beyond the current load
+    target_concurrency: Annotated[int, Meta(ge=0, le=10_000)] = 0  # calls per container aimed at; 0: concurrency
+    scaledown_window: Annotated[int, Meta(ge=0, le=86_400)] | None = None  # None: keep_warm_seconds
+    warm_schedule: dict[str, Annotated[int, Meta(ge=0, le=100)]] = {}  # cron expression -> minimum from its tick
+    warm_schedule_timezone: str = "UTC"
 
     def __post_init__(self) -> None:
         if self.max_containers < self.min_containers:
             raise ValueError(f"max_containers={self.max_containers} is below min_containers={self.min_containers}")
+        if self.target_concurrency > self.concurrency:
+            raise ValueError(f"target_concurrency={self.target_concurrency} is above concurrency={self.concurrency} "
+                             "(the hard cap of calls one container serves)")
+        if self.buffer_containers > self.max_containers:
+            raise ValueError(f"buffer_containers={self.buffer_containers} is above "
+                             f"max_containers={self.max_containers}")
+        if self.scaledown_window is not None and self.keep_warm_seconds not in (60, self.scaledown_window):
+            raise ValueError(f"scaledown_window={self.scaledown_window} and keep_warm_seconds="
+                             f"{self.keep_warm_seconds} disagree: give one of them (the same setting)")
+        for expr, minimum in self.warm_schedule.items():
+            if minimum > self.max_containers:
+                raise ValueError(f"warm_schedule: {expr!r} asks for {minimum} containers, above "
+                                 f"max_containers={self.max_containers}")
+        check_schedule(self.warm_schedule, self.warm_schedule_timezone)
+
+    @property
+    def window(self) -> int:
+        """Seconds a container may stay idle before it is stopped (scaledown_window, or its older name)."""
+        return self.keep_warm_seconds if self.scaledown_window is None else self.scaledown_window
+
+    @property
+    def target(self) -> int:
+        """Calls per container the policy aims for."""
+        return self.target_concurrency or self.concurrency
 
 
 class Code(msgspec.Struct, frozen=True, kw_only=True):

@@ -36,11 +36,15 @@ from levers9.options import (
     parse_gpu,
     parse_memory,
     resources,
-    scaling,
     secret_names,
     whole,
 )
+from levers9.scaling_options import scaling
 from levers9.volumes import CloudBucket, Volume, split_mounts
+
+# scaling options beyond the four every registration names (levers9.scaling_options)
+SCALING_OPTIONS = {"buffer_containers", "target_concurrency", "scaledown_window", "warm_schedule",
+                   "warm_schedule_timezone"}
 
 __all__ = ["App", "CloudBucket", "ConfigError", "Image", "Secret", "Volume", "load_app_file", "parse_cpu", "parse_memory", "parse_gpu"]
 
@@ -137,7 +141,9 @@ class App:
 
         Options: name (default: the function's name, '_' written '-'), cpu (cores), memory (MiB, or
         '512Mi'/'2Gi'), gpu (a type or a list in order of preference), gpu_count, image,
-        keep_warm_seconds, min_containers, max_containers, concurrency, timeout (seconds), secrets,
+        keep_warm_seconds (or scaledown_window), min_containers, max_containers, buffer_containers,
+        concurrency (the hard cap), target_concurrency (what the autoscaler aims for), warm_schedule
+        (cron -> minimum, e.g. {"0 8 * * 1-5": 2, "0 19 * * 1-5": 0}) and warm_schedule_timezone, timeout (seconds), secrets,
         env, on_start (a top-level function; its value is context.on_start_value),
         checkpoint_enabled, pool, volumes (Volume and CloudBucket objects). A mistake raises ConfigError saying how to fix it.
         """
@@ -159,9 +165,13 @@ class App:
                   keep_warm_seconds: Any = UNSET, min_containers: Any = UNSET, max_containers: Any = UNSET,
                   concurrency: Any = UNSET, timeout: Any = UNSET, secrets: Any = None, env: Any = None,
                   on_start: Callable[..., Any] | None = None, checkpoint_enabled: Any = UNSET,
-                  pool: Any = UNSET, function: Any = UNSET, volumes: Any = None) -> _Registration:
+                  pool: Any = UNSET, function: Any = UNSET, volumes: Any = None,
+                  **scaling_options: Any) -> _Registration:
         """Check the options and keep the spec: only what was passed (and what the SDK works out),
         so DeploymentSpec's defaults apply to the rest."""
+        unknown = set(scaling_options) - SCALING_OPTIONS
+        if unknown:
+            raise TypeError(f"unexpected keyword argument {sorted(unknown)[0]!r}: see help(app.endpoint)")
         handler, name = self._names(kind, obj, name)
         if image is not None and not isinstance(image, Image):
             raise ConfigError(f"image {image!r} is not valid: use Image(python_packages=[...]) (from levers9 import "
@@ -176,7 +186,7 @@ class App:
             "code": drop_unset(code),
             "image": image.to_dict() if image is not None else UNSET,
             "resources": resources(cpu, memory, gpu, gpu_count),
-            "scaling": scaling(keep_warm_seconds, min_containers, max_containers, concurrency),
+            "scaling": scaling(keep_warm_seconds, min_containers, max_containers, concurrency, **scaling_options),
             "timeout_seconds": given(timeout, lambda v: whole(v, "timeout", 1, "timeout=180")),
             "secrets": secret_names(secrets) if secrets is not None else UNSET,
             "env": env_vars(env) if env is not None else UNSET,

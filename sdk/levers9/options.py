@@ -143,24 +143,6 @@ def resources(cpu: Any, memory: Any, gpu: Any, gpu_count: Any) -> Any:
     })
 
 
-def scaling(keep_warm_seconds: Any, min_containers: Any, max_containers: Any, concurrency: Any) -> Any:
-    """The spec's scaling, as passed; min_containers is checked against max_containers either way."""
-    min_c = given(min_containers, lambda v: whole(v, "min_containers", 0, "min_containers=0"))
-    max_c = given(max_containers, lambda v: whole(v, "max_containers", 1, "max_containers=1"))
-    low = DEFAULT_MIN_CONTAINERS if min_c is UNSET else min_c
-    high = DEFAULT_MAX_CONTAINERS if max_c is UNSET else max_c
-    if high < low:
-        raise ConfigError(f"max_containers={high} is below min_containers={low}: raise max_containers "
-                          f"to at least {low}")
-    return section({
-        "keep_warm_seconds": given(keep_warm_seconds,
-                                   lambda v: whole(v, "keep_warm_seconds", 0, "keep_warm_seconds=60")),
-        "min_containers": min_c,
-        "max_containers": max_c,
-        "concurrency": given(concurrency, lambda v: whole(v, "concurrency", 1, "concurrency=4")),
-    })
-
-
 def given(value: Any, parse: Callable[[Any], Any]) -> Any:
     """parse(value) when the option was passed; UNSET when not."""
     return UNSET if value is UNSET else parse(value)

@@ -182,6 +182,7 @@ class Sessions:
         async def request() -> str:
             refs = await available_checkpoints(self.gw, dep) if dep.spec.checkpoint_enabled else ()
             warm = msgspec.structs.replace(dep.spec.scaling, keep_warm_seconds=self.gw.settings.functions.session_idle_seconds,
+                                           scaledown_window=None,
                                            min_containers=0)
             kept = dataclasses.replace(dep, spec=msgspec.structs.replace(dep.spec, scaling=warm))
             event = msgspec.structs.replace(container_requested(kept, restore_choice(dep.spec, refs), uuid7()),

@@ -167,7 +167,9 @@ def test_spec_has_exactly_the_documented_keys_and_defaults():
                  "key": ""},
         "image": None, "image_ref": None,
         "resources": {"cpu_millicores": 1000, "memory_mib": 1024, "gpu": [], "gpu_count": 0},
-        "scaling": {"keep_warm_seconds": 60, "min_containers": 0, "max_containers": 1, "concurrency": 1},
+        "scaling": {"keep_warm_seconds": 60, "min_containers": 0, "max_containers": 1, "concurrency": 1,
+                    "max_pending": 1000, "buffer_containers": 0, "target_concurrency": 0, "scaledown_window": None,
+                    "warm_schedule": {}, "warm_schedule_timezone": "UTC"},
         "timeout_seconds": 180, "secrets": [], "env": {}, "checkpoint_enabled": False, "pool": "default",
         "function": None, "volumes": [], "buckets": [], "task_queue": None, "schedule": None}
     assert handler(x=3) == 6  # still callable locally
@@ -197,7 +199,9 @@ def test_spec_with_every_option():
             scale["keep_warm_seconds"], spec["checkpoint_enabled"], spec["pool"]) == (1, 3, 8, 30, 5, True,
                                                                                       "gpu-pool")
     got = decode_spec(json.dumps(spec))  # what the gateway receives is JSON
-    assert msgspec.to_builtins(got).items() >= {k: v for k, v in spec.items() if k not in ("code", "image")}.items()
+    decoded = msgspec.to_builtins(got)
+    assert decoded.items() >= {k: v for k, v in spec.items() if k not in ("code", "image", "scaling")}.items()
+    assert decoded["scaling"].items() >= spec["scaling"].items()  # the rest are Scaling's defaults
     assert got.image == ImageSpec(python_packages=["numpy==2.1.0"], commands=["apt-get update"])
 
 
@@ -559,3 +563,28 @@ def test_cli_lists_as_json_and_errors_without_tracebacks(cli, tmp_path):
     assert "Traceback" not in result.output
     result = invoke("deploy", str(write(tmp_path / "plain.py", "x = 1\n")))
     assert result.exit_code == 1 and "error: plain.py defines no levers9 App" in result.output
+
+
+def test_scaling_options_and_their_refusals_name_the_field():
+    app = App("scaled")
+
+    @app.endpoint(min_containers=1, max_containers=4, buffer_containers=1, concurrency=8, target_concurrency=4,
+                  scaledown_window=30, warm_schedule={"0 8 * * 1-5": 2, "0 19 * * 1-5": 0},
+                  warm_schedule_timezone="Europe/Berlin")
+    def web():
+        return 1
+
+    [spec] = app.specs()
+    got = decode_spec(json.dumps(spec)).scaling
+    assert (got.buffer_containers, got.target, got.window, got.warm_schedule_timezone) == (1, 4, 30, "Europe/Berlin")
+    refused = {
+        "warm_schedule": dict(warm_schedule={"0 25 * * *": 1}),
+        "warm_schedule_timezone": dict(warm_schedule_timezone="Mars/Olympus"),
+        "min_containers": dict(min_containers=2),
+        "target_concurrency": dict(target_concurrency=2),
+        "buffer_containers": dict(buffer_containers=2),
+        "scaledown_window": dict(scaledown_window=5, keep_warm_seconds=6),
+    }
+    for i, (field, options) in enumerate(refused.items()):
+        with pytest.raises(ConfigError, match=field):
+            app.endpoint(name=f"bad-{i}", **options)(web)

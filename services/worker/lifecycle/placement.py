@@ -45,7 +45,7 @@ class Running:
 
     @property
     def keep_warm_seconds(self) -> int:
-        return self.spec.scaling.keep_warm_seconds if self.spec else 0
+        return self.spec.scaling.window if self.spec else 0
 
 
 def runner_env(spec: DeploymentSpec, secrets: dict[str, str], *, container_id: str, deployment_id: str,
