@@ -44,7 +44,7 @@ LONG_MODULES = {"test_e2e_compose.py": 130, "test_hostile_tenant.py": 200, "test
                 "test_e2e_functions.py": 110, "test_faults.py": 110, "test_e2e_images.py": 100,
                 "test_e2e_clusters.py": 90, "test_e2e_hosts.py": 90, "test_e2e_secrets.py": 90,
                 "test_e2e_endpoints.py": 80, "test_e2e_wheel.py": 70, "test_browser_stack.py": 70, "test_soak.py": 50,
-                "test_e2e_dashboard_api.py": 45, "test_browser_pages.py": 40}
+                "test_e2e_dashboard_api.py": 45, "test_browser_pages.py": 40, "test_e2e_tasks.py": 140}
 
 
 def pytest_collection_modifyitems(session, config, items):

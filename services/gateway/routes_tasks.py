@@ -42,12 +42,14 @@ async def put_task(name: str, request: Request, caller: User, gw: Gateway) -> di
     body = await request.body()
     if len(body) > TASK_PAYLOAD_LIMIT:
         raise HTTPException(413, f"the task's arguments are {len(body)} bytes; the limit is {TASK_PAYLOAD_LIMIT}")
-    try:
-        dep = await deployed(gw, caller.workspace, "", name)
-    except TargetError:
-        dep = None
+    dep = gw.deployments.get((caller.workspace, name, "latest"))  # cleared whenever a deployment event is projected
+    if dep is None or dep.status != "active":
+        try:
+            dep = gw.deployments[(caller.workspace, name, "latest")] = await deployed(gw, caller.workspace, "", name)
+        except TargetError:
+            dep = None
     options = dep.spec.task_queue if dep is not None else None
-    if dep is None or options is None:
+    if dep is None or options is None or dep.spec.code.kind != "function":
         raise HTTPException(404, f"no task queue {name!r} in workspace {caller.workspace!r}: declare one with "
                                  "@app.task_queue() and deploy it with `levers9 deploy FILE`")
     task_id = uuid7()

@@ -43,7 +43,7 @@ from .state import Gateway as GatewayState
 log = logging.getLogger("levers9.gateway.tasks")
 
 DURABLE = "gateway-tasks"
-RUNNERS = int(os.environ.get("LEVERS9_TASK_RUNNERS", "16"))  # tasks one gateway runs at once
+RUNNERS = int(os.environ.get("LEVERS9_TASK_RUNNERS", "32"))  # tasks one gateway runs at once
 ACK_WAIT_S = 15.0  # a runner that died with a task: redelivered after this (in-progress beats keep it)
 MAX_DELIVER = 10
 CONFLICT_TRIES = 5
@@ -51,6 +51,9 @@ RESULT_LIMIT = 256 << 10  # a result larger than this fails the task: it would n
 OUTPUT_KEPT = 16 << 10  # the tail of an attempt's output kept in its outcome: the task's log
 CALLBACK_TIMEOUT_S = 10.0
 TERMINAL = (E.TaskSucceeded, E.TaskFailed, E.TaskExpired, E.TaskCancelled)
+# what a runner acts on: work (enqueued, retried) and outcomes (callbacks); never TaskStarted
+FILTERS = [subjects.filter_subject(aggregate="task", event_type=t.__name__)
+           for t in (E.TaskEnqueued, E.TaskRetried, *TERMINAL)]
 
 
 class CallbackFailed(Exception):
@@ -64,7 +67,7 @@ class TaskRunner:
         self.calls: dict[str, str] = {}  # task id -> the call id of its attempt running here
 
     async def run(self, stop: asyncio.Event) -> None:
-        consumers = [WorkConsumer(self.gw.bus, DURABLE, [subjects.filter_subject(aggregate="task")],
+        consumers = [WorkConsumer(self.gw.bus, DURABLE, FILTERS,
                                   handle=self.handle, batch=1, ack_wait=ACK_WAIT_S, max_deliver=MAX_DELIVER)
                      for _ in range(RUNNERS)]
         await asyncio.gather(*(c.run(stop) for c in consumers))

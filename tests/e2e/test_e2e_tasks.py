@@ -159,6 +159,19 @@ def test_a_refused_callback_is_posted_again_with_the_result(env, callbacks):
     assert all(p["status"] == "succeeded" and p["result"] == 16 for p in posts)
 
 
+def test_a_running_task_cancelled_ends_cancelled_once_and_an_ended_one_cannot_be(env):
+    task_id = put(env, "square", 6, delay=60)
+    wait_until(lambda: task(env, task_id)["status"] == "running", timeout=RECOVERY_S, every=0.5)
+    cli(env, "tasks", "cancel", task_id)
+    done = ended(env, task_id, timeout=30)
+    assert done["status"] == "cancelled" and "cancelled by token" in done["error"]["reason"], done
+    again = api(env, "POST", f"/api/v1/tasks/{task_id}/cancel")
+    assert again.status_code == 409 and "already ended" in again.json()["detail"]
+    # the stopped attempt has ended (its call is no longer running): its own outcome was dropped
+    wait_until(lambda: not api(env, "GET", "/api/v1/calls", params={"status": "running"}).json(), timeout=60)
+    assert outcomes_per_task(env, [task_id]) == Counter({task_id: 1})
+
+
 @pytest.mark.parametrize("victim", ["gateway", "worker"])
 def test_tasks_survive_a_sigkill_and_each_is_recorded_once(env, victim):
     from levers9.runtime.config import Settings
