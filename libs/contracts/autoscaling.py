@@ -24,6 +24,8 @@ import datetime as dt
 from dataclasses import dataclass
 from typing import Sequence
 
+import msgspec
+
 from .spec import Scaling
 from .warm_schedule import scheduled_minimum
 
@@ -134,3 +136,22 @@ def stops(scaling: Scaling, live: Sequence[Box], desired: int, load: Load, now: 
             out.append(Stop(b.container_id, f"idle {idle_for:.0f} s (scaledown_window={scaling.window} s); "
                                             f"{desired} wanted, {len(live)} live"))
     return tuple(out)
+
+
+def superseded(scaling: Scaling) -> Scaling:
+    """An older version still active beside a newer one: it serves the calls that name it, and keeps
+    nothing warm for them (no minimum, no buffer, no schedule)."""
+    return msgspec.structs.replace(scaling, min_containers=0, buffer_containers=0, warm_schedule={})
+
+
+def rescale(scaling: Scaling, *, min_containers: int | None = None, max_containers: int | None = None,
+            buffer_containers: int | None = None, target_concurrency: int | None = None) -> Scaling:
+    """The scaling after `deployments scale` (None: unchanged), checked as at deploy: a ValueError
+    names the field (msgspec.convert runs the same bounds and combinations as a deployed spec)."""
+    changes = {"min_containers": min_containers, "max_containers": max_containers,
+               "buffer_containers": buffer_containers, "target_concurrency": target_concurrency}
+    doc = {**msgspec.to_builtins(scaling), **{k: v for k, v in changes.items() if v is not None}}
+    try:
+        return msgspec.convert(doc, Scaling)
+    except msgspec.ValidationError as exc:
+        raise ValueError(str(exc)) from None

@@ -86,6 +86,11 @@ CLUSTER_RPC = "levers9rpc.cluster"
 # the pool controller's own inbox: the JWTs carry no response permission)
 _RPC_PUB = {"pool-controller": [f"{CLUSTER_RPC}.>"], "gateway": ["_INBOX_pool-controller.>"]}
 _RPC_SUB = {"gateway": [f"{CLUSTER_RPC}.>"]}
+# Core NATS, never the log: each gateway's load sample every second (levers9.gateway.load_report), read
+# by the scheduler's autoscaler; levers9load.<gateway id>
+LOAD_SUBJECT = "levers9load"
+_LOAD_PUB = {"gateway": [f"{LOAD_SUBJECT}.>"]}
+_LOAD_SUB = {"scheduler": [f"{LOAD_SUBJECT}.>"]}
 STREAMS = (subjects.STREAM, subjects.DLQ_STREAM, f"KV_{HEARTBEAT_BUCKET}")
 
 # Reading and consuming: every role but a publisher.
@@ -123,9 +128,9 @@ def _perms(pub_allow: list[str], tag: str, pub_deny: list[str] = ()) -> dict[str
 def service_permissions(service: str) -> dict[str, Any]:
     if service not in ROLES_SERVICES:
         raise ValueError(f"unknown service {service!r}; known: {', '.join(ROLES_SERVICES)}")
-    perms = _perms([f"{subjects.ROOT}.>", *_JS_READ, *_JS_TOPOLOGY, *_RPC_PUB.get(service, [])], service,
-                   _not_owned(service))
-    perms["sub"]["allow"] += _RPC_SUB.get(service, [])
+    perms = _perms([f"{subjects.ROOT}.>", *_JS_READ, *_JS_TOPOLOGY, *_RPC_PUB.get(service, []),
+                    *_LOAD_PUB.get(service, [])], service, _not_owned(service))
+    perms["sub"]["allow"] += _RPC_SUB.get(service, []) + _LOAD_SUB.get(service, [])
     return perms
 
 

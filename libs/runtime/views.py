@@ -274,6 +274,12 @@ class DeploymentsView(Projection):
                     created_at) VALUES ($1,$2,$3,$4,$5,'active',$6) ON CONFLICT DO NOTHING""",
                 msg.envelope.workspace, ev.deployment_id, ev.name, ev.version, msgspec.json.encode(ev.spec).decode(),
                 occurred(msg))
+        elif isinstance(ev, E.DeploymentScaled):  # the spec shows the scaling in force
+            changes = {k: v for k, v in msgspec.structs.asdict(ev).items() if k != "deployment_id" and v is not None}
+            await conn.execute(f"""UPDATE {schema}.deployments SET spec = jsonb_set(spec, '{{scaling}}',
+                                   COALESCE(spec->'scaling', '{{}}'::jsonb) || $3::jsonb)
+                                   WHERE workspace=$1 AND deployment_id=$2""", msg.envelope.workspace,
+                               ev.deployment_id, msgspec.json.encode(changes).decode())
         elif isinstance(ev, (E.DeploymentStopped, E.DeploymentDeleted)):
             status = "stopped" if isinstance(ev, E.DeploymentStopped) else "deleted"
             await conn.execute(f"UPDATE {schema}.deployments SET status=$3 WHERE workspace=$1 AND "

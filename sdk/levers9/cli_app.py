@@ -187,7 +187,7 @@ class LogFollower:
 
 # ---- resource groups -----------------------------------------------------------------------------
 
-deployments_app = typer.Typer(help="Deployments: list, stop, delete.", no_args_is_help=True)
+deployments_app = typer.Typer(help="Deployments: list, scale, stop, delete.", no_args_is_help=True)
 containers_app = typer.Typer(help="Containers: list, stop, read logs.", no_args_is_help=True)
 workers_app = typer.Typer(help="Workers: list, cordon, drain.", no_args_is_help=True)
 token_app = typer.Typer(help="API tokens: create, list, revoke.", no_args_is_help=True)
@@ -201,8 +201,8 @@ def deployments_list(json_out: bool = JSON_OPTION) -> None:
     with errors():
         rows = client().list_deployments()
     show_rows(rows if json_out else [deployment_columns(r) for r in rows],
-              ["name", "version", "status", "cpu_millicores", "memory_mib", "gpu", "gpu_count", "deployment_id",
-               "created_at"], json_out)
+              ["name", "version", "status", "containers", "desired", "cpu_millicores", "memory_mib", "gpu", "gpu_count",
+               "deployment_id", "created_at"], json_out)
 
 
 def deployment_columns(row: dict[str, Any]) -> dict[str, Any]:
@@ -212,6 +212,25 @@ def deployment_columns(row: dict[str, Any]) -> dict[str, Any]:
     if resources.get("gpu"):
         shown["gpu"] = ",".join(resources["gpu"])  # types in order of preference
     return {**{k: v for k, v in row.items() if k != "spec"}, **shown}
+
+
+@deployments_app.command("scale")
+def deployments_scale(name: str = typer.Argument(..., help="the deployment's name"),
+                      min_: int | None = typer.Option(None, "--min", help="min_containers"),
+                      max_: int | None = typer.Option(None, "--max", help="max_containers"),
+                      buffer: int | None = typer.Option(None, "--buffer", help="buffer_containers"),
+                      target: int | None = typer.Option(None, "--target-concurrency",
+                                                           help="calls per container the autoscaler aims for"),
+                      json_out: bool = JSON_OPTION) -> None:
+    """Change a live deployment's scaling; the autoscaler applies it within a second."""
+    with errors():
+        done = client().scale_deployment(name, min=min_, max=max_, buffer=buffer, target_concurrency=target)
+    if json_out:
+        print_json(done)
+        return
+    sc = done.get("scaling", {})
+    console.print(f"scaled {escape(name)}: min {sc.get('min_containers')}, max {sc.get('max_containers')}, "
+                  f"buffer {sc.get('buffer_containers')}, target_concurrency {sc.get('target_concurrency') or 'concurrency'}")
 
 
 @deployments_app.command("stop")

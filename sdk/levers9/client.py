@@ -136,6 +136,15 @@ class Client:
         return self._call("POST", f"/api/v1/deployments/{name}/stop", f"stopping deployment {name!r}",
                           see="levers9 deployments list")
 
+    def scale_deployment(self, name: str, *, min: int | None = None, max: int | None = None,
+                         buffer: int | None = None, target_concurrency: int | None = None) -> dict[str, Any]:
+        """Change a live deployment's scaling (None: unchanged); the autoscaler applies it within a
+        second. -> {"name", "deployment_id", "scaling"}"""
+        body = {k: v for k, v in {"min": min, "max": max, "buffer": buffer,
+                                  "target_concurrency": target_concurrency}.items() if v is not None}
+        return self._call("POST", f"/api/v1/deployments/{name}/scale", f"scaling deployment {name!r}", json=body,
+                          see="levers9 deployments list")
+
     def delete_deployment(self, name: str) -> Any:
         return self._call("DELETE", f"/api/v1/deployments/{name}", f"deleting deployment {name!r}",
                           see="levers9 deployments list")

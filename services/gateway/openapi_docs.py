@@ -55,6 +55,7 @@ BY_MODULE: dict[str, tuple[int, ...]] = {
     "routes_calls": (404, 409),
     "routes_stats": (404,),
     "routes_tasks": (400, 404, 409, 413),
+    "routes_scaling": (400, 404, 409, 413),
 }
 PUBLIC = {"/healthz", "/metrics"}
 # routes whose success body is not JSON

@@ -44,6 +44,7 @@ class Slot:
     inflight: int = 0
     restored: bool = False  # its process came from a checkpoint (Server-Timing says "restored")
     seen: dict[str, float] = field(default_factory=dict)  # status -> when this gateway first heard it (monotonic)
+    last_used: float = 0.0  # unix time its last call here ended: the autoscaler's idle clock (load_report.py)
 
     def saw(self, status: str) -> None:
         self.seen.setdefault(status, time.monotonic())
@@ -196,4 +197,5 @@ class DeploymentRouter:
         a second, the gateway's whole CPU and a sixth of the throughput the containers had room for)."""
         async with self.changed:
             slot.inflight -= 1
+            slot.last_used = time.time()
             self.changed.notify(1)

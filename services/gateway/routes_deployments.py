@@ -30,6 +30,7 @@ from .body_rules import text_problem
 from .code_archive import archive_problem
 from .deps import Gateway
 from .routes_images import resolve_image
+from .routes_scaling import container_counts
 from .state import Gateway as GatewayState
 from .state import row_json
 
@@ -104,7 +105,9 @@ async def list_deployments(caller: User, gw: Gateway) -> list[dict[str, Any]]:
     rows = await gw.pool.fetch("SELECT deployment_id, name, version, status, created_at, spec "
                                "FROM gateway.deployments WHERE workspace=$1 AND status <> 'deleted' "
                                "ORDER BY name, version", caller.workspace)
-    return [row_json(r, "spec") for r in rows]
+    out = [row_json(r, "spec") for r in rows]
+    await container_counts(gw, caller.workspace, out)  # live and desired containers (routes_scaling)
+    return out
 
 
 @router.post("/api/v1/deployments/{name}/stop")

@@ -15,6 +15,7 @@ from levers9.runtime.views_clusters import ClustersView
 
 from . import (
     endpoint_store,
+    load_report,
     routes_calls,
     routes_catalogues,
     routes_checkpoints,
@@ -26,6 +27,7 @@ from . import (
     routes_images,
     routes_internal,
     routes_invoke,
+    routes_scaling,
     routes_stats,
     routes_tasks,
     routes_tokens,
@@ -41,7 +43,7 @@ from .task_runner import TaskRunner
 from .views_events import CallsView, EventsView
 from .views_tasks import TasksView
 
-ROUTERS = (routes_tokens, routes_catalogues, routes_deployments, routes_images, routes_containers, routes_checkpoints, routes_workers,
+ROUTERS = (routes_tokens, routes_catalogues, routes_scaling, routes_deployments, routes_images, routes_containers, routes_checkpoints, routes_workers,
            routes_internal, routes_functions, routes_invoke, routes_volumes, routes_clusters, routes_events, routes_calls,
            routes_stats, routes_tasks)
 
@@ -74,6 +76,7 @@ class GatewayService(Gateway):
     def background(self):
         return [*super().background(), lambda stop: serve_functions(self, stop),
                 lambda stop: endpoint_store.run(self.pool, self.meter, stop, sample=self.sample_queues),
+                lambda stop: load_report.run(self.bus.nc, self.routers, stop),
                 self.run_tasks]
 
     async def run_tasks(self, stop) -> None:

@@ -125,10 +125,18 @@ class Gateway(Service):
             self.tokens.clear()
         elif p.name == "deployments":
             self.deployments.clear()
+            for d in batch:  # a router holds its max_containers: a scaled deployment's changes now
+                if d.message is not None and isinstance(d.message.event, E.DeploymentScaled):
+                    self.rescaled(d.message.envelope.workspace, d.message.event)
         elif p.name == "containers":
             for d in batch:
                 if d.message is not None:
                     await self.route_event(d.message.event, d.message.envelope.workspace)
+
+    def rescaled(self, workspace: str, ev: E.DeploymentScaled) -> None:
+        router = self.routers.get(route_key(workspace, ev.deployment_id))
+        if router is not None and ev.max_containers is not None:
+            router.max_containers = ev.max_containers
 
     async def route_event(self, ev: E.Event, workspace: str) -> None:
         if isinstance(ev, E.ContainerRequested):  # a session's sandbox is mapped to its session's router first

@@ -29,6 +29,7 @@ from levers9.runtime.views import ContainersView, WorkersView
 from levers9.runtime.views_clusters import ClustersView
 
 from . import catalogues
+from .autoscaler import Autoscaler
 from .memory import Memory, Touched
 from .placer import Placer
 from .recovery import awaiting_fence, load
@@ -61,6 +62,7 @@ class SchedulerService(Service):
         super().__init__(settings.with_(fetch_batch=max(settings.consumers.fetch_batch, FETCH_BATCH)))
         self.memory = Memory()
         self._placer: Placer | None = None
+        self.autoscaler: Autoscaler | None = None
 
     @property
     def placer(self) -> Placer:
@@ -75,6 +77,7 @@ class SchedulerService(Service):
         self._placer = Placer(self.memory, self.bus.append, self.bus.publish)
         self.placer.catalogues.update(await catalogues.newest(self.settings))
         self.placer.wake.set()
+        self.autoscaler = Autoscaler(self.bus, self.memory, self.placer.wake.set)
         log.info("scheduler memory: %d workers, %d containers, %d waiting", len(self.memory.workers),
                  len(self.memory.containers), len(self.memory.waiting))
 
@@ -106,7 +109,12 @@ class SchedulerService(Service):
             self.placer.request_again(c, re_request(c))
 
     def background(self) -> list[Callable[[asyncio.Event], Awaitable[None]]]:
-        return [self.placing, self.sweeping, lambda stop: Schedules(self.bus).run(stop)]
+        return [self.placing, self.sweeping, lambda stop: Schedules(self.bus).run(stop), self.autoscaling]
+
+    async def autoscaling(self, stop: asyncio.Event) -> None:
+        """The autoscaling policy, applied here alone (autoscaler.py)."""
+        assert self.autoscaler is not None
+        await self.autoscaler.run(stop)
 
     def reactions(self) -> list[WorkConsumer]:
         return [catalogues.consumer(self.bus, self.settings, self.placer.catalogues)]
@@ -169,4 +177,5 @@ class SchedulerService(Service):
         c = self.placer.counters if self._placer else None
         return {"placed": c.placed if c else 0, "deferred": c.deferred if c else 0,
                 "conflicts": c.conflicts if c else 0, "waiting": len(self.memory.waiting),
-                "workers": len(self.memory.workers)}
+                "workers": len(self.memory.workers),
+                "autoscaler": dict(self.autoscaler.counters) if self.autoscaler else {}}

@@ -81,10 +81,16 @@ def test_a_service_publishes_a_power_event_only_if_it_owns_it(service, etype, ws
 
 
 def test_every_user_subscribes_only_to_its_own_inbox():
-    tables = {"scheduler": A.service_permissions("scheduler"), "w_a": A.worker_permissions("a"),
+    tables = {"pool-controller": A.service_permissions("pool-controller"), "w_a": A.worker_permissions("a"),
               "p_w_1": A.publisher_permissions("w", "1")}
     for tag, perms in tables.items():
         assert perms["sub"]["allow"] == [f"_INBOX_{tag}.>"]
+    # the scheduler's autoscaler reads the gateways' load samples (core NATS, never the log); only
+    # gateways publish them
+    assert A.service_permissions("scheduler")["sub"]["allow"] == ["_INBOX_scheduler.>", "levers9load.>"]
+    assert A.may_publish(A.service_permissions("gateway"), "levers9load.g1")
+    assert not A.may_publish(A.service_permissions("scheduler"), "levers9load.g1")
+    assert not A.may_publish(A.worker_permissions("a"), "levers9load.g1")
     # the gateway also answers the pool controller's cluster requests (core NATS, never the log)
     assert A.service_permissions("gateway")["sub"]["allow"] == ["_INBOX_gateway.>", "levers9rpc.cluster.>"]
 

@@ -25,7 +25,13 @@ from .container import (
     ContainerStopRequested,
     PlacementDeferred,
 )
-from .deployment import DeploymentCheckpointClaimed, DeploymentCreated, DeploymentDeleted, DeploymentStopped
+from .deployment import (
+    DeploymentCheckpointClaimed,
+    DeploymentCreated,
+    DeploymentDeleted,
+    DeploymentScaled,
+    DeploymentStopped,
+)
 from .function import FunctionCallFinished, FunctionCallStarted
 from .image import (
     ImageBuildFailed,
@@ -64,7 +70,7 @@ from .worker import (
 )
 
 AnyEvent = Union[
-    DeploymentCreated, DeploymentStopped, DeploymentDeleted, DeploymentCheckpointClaimed,
+    DeploymentCreated, DeploymentStopped, DeploymentDeleted, DeploymentCheckpointClaimed, DeploymentScaled,
     ContainerRequested, ContainerScheduled, PlacementDeferred, ContainerStarted, ContainerReady,
     ContainerStopRequested, ContainerStopped, ContainerFailed, ContainerCheckpointRequested,
     WorkerProvisioned, WorkerRegistered, WorkerReady, WorkerLost, WorkerFenced, WorkerDrained, WorkerCordoned,

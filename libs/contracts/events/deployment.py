@@ -41,3 +41,15 @@ class DeploymentCheckpointClaimed(Event, frozen=True, kw_only=True):
     checkpoint_id: str
     worker_id: str
     container_id: str
+
+
+class DeploymentScaled(Event, frozen=True, kw_only=True):
+    """Its scaling changed at run time (`levers9 deployments scale`): each field given replaces the
+    spec's (None: unchanged). The autoscaler applies it on its next pass (within a second)."""
+    AGGREGATE = "deployment"
+    ID_FIELD = "deployment_id"
+    deployment_id: str
+    min_containers: int | None = None
+    max_containers: int | None = None
+    buffer_containers: int | None = None
+    target_concurrency: int | None = None

@@ -6,9 +6,10 @@ ready, stopped, watched for exits, and stopped when idle or when the worker drai
   (volumes, GPU cards, a function sandbox's fields), the container restored from its checkpoint or
   started cold (ContainerStarted), its runner's health polled until ready (ContainerReady with the
   address) or failed (ContainerFailed with the reason from the log).
-- A monitor loop notices containers that exit or run out of memory, and stops the ones idle for
-  keep_warm_seconds (scale to zero: ContainerStopped; the rule is levers9.worker.lifecycle.idle), or
-  every one when the worker drains.
+- A monitor loop notices containers that exit or run out of memory, stops function sandboxes idle for
+  their keep-warm (the rule is levers9.worker.lifecycle.idle; a session's sandbox lives by it), or
+  every one when the worker drains. Endpoints and ASGI apps are scaled by the scheduler's autoscaler
+  alone: it appends ContainerStopRequested with its reason, which the worker obeys.
 
 `Containers` is also the read-only mapping of the live containers (id -> Running) that the routes,
 the heartbeat and the restart report read. It is given the narrow parts it uses (`ContainerParts`),
@@ -274,6 +275,8 @@ class Containers(Mapping[str, Running]):
         if draining:
             await self.stop(c, f"worker {self.parts.worker_id} drained")
             return
+        if not is_function(c.spec):
+            return  # endpoints and ASGI apps are stopped by the scheduler's autoscaler (ContainerStopRequested)
         try:
             status = (await client.get(f"{c.address}/_levers9/status")).json()
         except (httpx.HTTPError, ValueError):

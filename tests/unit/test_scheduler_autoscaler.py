@@ -1,0 +1,109 @@
+"""The scheduler's autoscaler shell (levers9.scheduler.autoscaler) over a fake log that enforces
+expected sequences: min_containers started with its reason, a dead one replaced, two replicas
+never starting the same container twice, idle ones stopped after the window, DeploymentScaled applied."""
+
+from __future__ import annotations
+
+import asyncio
+
+from levers9.contracts import Message, envelope
+from levers9.contracts import events as E
+from levers9.contracts.envelope import subject_of
+from levers9.contracts.spec import Code, DeploymentSpec, Scaling
+from levers9.runtime.bus import Appended, ConcurrencyConflict
+from levers9.scheduler.autoscale_state import autoscaled_id
+from levers9.scheduler.autoscaler import Autoscaler
+from levers9.scheduler.memory import Memory
+
+
+class Log:
+    """Appends with the server's rule: the aggregate's last sequence must be the one expected."""
+
+    def __init__(self) -> None:
+        self.seq = 0
+        self.last: dict[str, int] = {}
+        self.events: list[tuple[object, E.Event]] = []
+
+    async def append(self, env, expected: int) -> Appended:
+        agg = env.subject.rsplit(".", 1)[0]
+        if self.last.get(agg, 0) != expected:
+            raise ConcurrencyConflict(env.subject, expected)
+        self.seq += 1
+        self.last[agg] = self.seq
+        return Appended(seq=self.seq, duplicate=False)
+
+    def put(self, ev: E.Event, workspace: str = "acme") -> Message:
+        env = envelope(ev, workspace=workspace)
+        self.seq += 1
+        self.last[env.subject.rsplit(".", 1)[0]] = self.seq
+        return Message(env, ev, subject_of(env, ev))
+
+
+def spec(**scaling) -> DeploymentSpec:
+    return DeploymentSpec(name="web", code=Code(module="m", handler="h"), scaling=Scaling(**scaling))
+
+
+def scaler(log: Log, memory: Memory | None = None, clock=lambda: 1_000_000.0) -> Autoscaler:
+    a = Autoscaler(log, memory or Memory(), lambda: None, clock=clock)  # type: ignore[arg-type]
+    a.fleet.sampled("g1", {"gateway": "g1", "deployments": {}}, clock())  # a gateway reports: load known
+    return a
+
+
+def deploy(log: Log, *scalers: Autoscaler, **scaling) -> None:
+    msg = log.put(E.DeploymentCreated(deployment_id="web-v1", name="web", spec=spec(**scaling)))
+    for a in scalers:
+        a.fleet.fold(msg)
+
+
+def requests(memory: Memory) -> list:
+    return [c for c in memory.containers.values() if c.status == "requested"]
+
+
+def test_min_containers_started_once_with_the_reason_and_replaced_when_it_dies():
+    log = Log()
+    a = scaler(log)
+    deploy(log, a, min_containers=1, max_containers=2)
+    asyncio.run(a.run_pass())
+    asyncio.run(a.run_pass())  # level triggered: the request is counted, nothing more
+    [c] = requests(a.memory)
+    assert c.container_id == autoscaled_id("acme", "web-v1", 0)
+    assert c.request.reason.startswith("autoscaler: min_containers=1")
+    a.fleet.fold(Message(*_env(c.request)))  # the replay sees the request: the next id's index moves on
+    failed = log.put(E.ContainerFailed(container_id=c.container_id, reason="killed"))
+    a.memory.apply(failed, log.seq)
+    asyncio.run(a.run_pass())
+    [again] = requests(a.memory)
+    assert again.container_id == autoscaled_id("acme", "web-v1", 1)
+
+
+def test_two_replicas_never_start_the_same_container_twice():
+    log = Log()
+    a, b = scaler(log), scaler(log)
+    deploy(log, a, b, min_containers=1, max_containers=3)
+    asyncio.run(a.run_pass())
+    asyncio.run(b.run_pass())  # b has not seen a's request: it collides on the same id and loses
+    assert len(requests(a.memory)) == 1 and requests(b.memory) == []
+    assert b.counters["conflicts"] == 1 and a.counters["started"] == 1
+
+
+def test_an_idle_container_stops_after_the_window_and_scale_applies_at_once():
+    log, now = Log(), [1_000_000.0]
+    a = scaler(log, clock=lambda: now[0])
+    deploy(log, a, min_containers=1, max_containers=2, scaledown_window=30)
+    asyncio.run(a.run_pass())
+    [c] = requests(a.memory)
+    ready = log.put(E.ContainerReady(container_id=c.container_id, worker_id="w1", address="http://x"))
+    a.memory.apply(ready, log.seq)
+    a.fleet.ready_at[c.key] = now[0]
+    now[0] += 60
+    a.fleet.sampled("g1", {"gateway": "g1", "deployments": {}}, now[0])
+    asyncio.run(a.run_pass())
+    assert a.memory.containers[c.key].status == "ready"  # the minimum holds it
+    a.fleet.fold(log.put(E.DeploymentScaled(deployment_id="web-v1", min_containers=0)))
+    asyncio.run(a.run_pass())
+    assert a.memory.containers[c.key].status == "stopping" and a.counters["stopped"] == 1
+
+
+def _env(ev: E.ContainerRequested) -> tuple:
+    env = envelope(ev, workspace="acme")
+    return env, ev, subject_of(env, ev)
