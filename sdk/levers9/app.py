@@ -44,7 +44,7 @@ from levers9.volumes import CloudBucket, Volume, split_mounts
 
 # scaling options beyond the four every registration names (levers9.scaling_options)
 SCALING_OPTIONS = {"buffer_containers", "target_concurrency", "scaledown_window", "warm_schedule",
-                   "warm_schedule_timezone"}
+                   "warm_schedule_timezone", "max_pending"}
 
 __all__ = ["App", "CloudBucket", "ConfigError", "Image", "Secret", "Volume", "load_app_file", "parse_cpu", "parse_memory", "parse_gpu"]
 
@@ -143,7 +143,8 @@ class App:
         '512Mi'/'2Gi'), gpu (a type or a list in order of preference), gpu_count, image,
         keep_warm_seconds (or scaledown_window), min_containers, max_containers, buffer_containers,
         concurrency (the hard cap), target_concurrency (what the autoscaler aims for), warm_schedule
-        (cron -> minimum, e.g. {"0 8 * * 1-5": 2, "0 19 * * 1-5": 0}) and warm_schedule_timezone, timeout (seconds), secrets,
+        (cron -> minimum, e.g. {"0 8 * * 1-5": 2, "0 19 * * 1-5": 0}) and warm_schedule_timezone, max_pending
+        (calls that may wait per gateway; one more gets 429), timeout (seconds), secrets,
         env, on_start (a top-level function; its value is context.on_start_value),
         checkpoint_enabled, pool, volumes (Volume and CloudBucket objects). A mistake raises ConfigError saying how to fix it.
         """

@@ -19,7 +19,8 @@ DEFAULT_CONCURRENCY = 1  # Scaling's default (levers9.contracts.spec)
 
 def scaling(keep_warm_seconds: Any = UNSET, min_containers: Any = UNSET, max_containers: Any = UNSET,
             concurrency: Any = UNSET, buffer_containers: Any = UNSET, target_concurrency: Any = UNSET,
-            scaledown_window: Any = UNSET, warm_schedule: Any = UNSET, warm_schedule_timezone: Any = UNSET) -> Any:
+            scaledown_window: Any = UNSET, warm_schedule: Any = UNSET, warm_schedule_timezone: Any = UNSET,
+            max_pending: Any = UNSET) -> Any:
     """The spec's scaling, as passed; the combinations are checked either way (min against max, the
     target against the hard cap, a buffer within max, one of the two names of the window)."""
     min_c = given(min_containers, lambda v: whole(v, "min_containers", 0, "min_containers=0"))
@@ -47,6 +48,7 @@ def scaling(keep_warm_seconds: Any = UNSET, min_containers: Any = UNSET, max_con
         "target_concurrency": target,
         "warm_schedule": schedule,
         "warm_schedule_timezone": zone,
+        "max_pending": given(max_pending, lambda v: whole(v, "max_pending", 0, "max_pending=100")),
     })
 
 
