@@ -15,6 +15,7 @@ from levers9.runtime.projection import BatchedProjection
 from levers9.runtime.views import occurred
 
 TASK_STATES = ("queued", "running", "retrying", *sorted(ENDED))
+UPDATES = (E.TaskStarted, E.TaskRetried, E.TaskSucceeded, E.TaskFailed, E.TaskExpired, E.TaskCancelled)
 
 
 class TasksView(BatchedProjection):
@@ -42,9 +43,9 @@ class TasksView(BatchedProjection):
                          ON CONFLICT (workspace, task_id) DO NOTHING""",
                      (env.workspace, ev.task_id, ev.deployment_id, ev.queue, ev.function, ev.schedule_id, ev.tick,
                       at, seq))]
-        status = STATUS.get(type(ev))
-        if status is None:
+        if not isinstance(ev, UPDATES):
             return []
+        status = STATUS[type(ev)]
         ended = tuple(ENDED)
         return [(f"""UPDATE {t} SET status = $3, attempt = GREATEST(attempt, $4), reason = $5, updated_at = $6,
                          last_seq = $7

@@ -172,7 +172,7 @@ def test_a_running_task_cancelled_ends_cancelled_once_and_an_ended_one_cannot_be
     assert outcomes_per_task(env, [task_id]) == Counter({task_id: 1})
 
 
-@pytest.mark.parametrize("victim", ["gateway", "worker"])
+@pytest.mark.parametrize("victim", ["gateway", "worker", "scheduler"])
 def test_tasks_survive_a_sigkill_and_each_is_recorded_once(env, victim):
     from levers9.runtime.config import Settings
     from levers9.stack import Stack
