@@ -1,0 +1,70 @@
+"""The autoscaler end to end on the lane's shared stack (`shared_env`, tests/e2e/conftest.py):
+min_containers=1 keeps one container ready with no call ever made, a killed one is replaced, the
+reason of each start and stop is in the log, `deployments scale --min 0` lets it go, and a bad
+combination is refused with the field named. Conditions are waited on with generous ceilings."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from _e2e import api, cli, needs_runc, wait_until
+
+needs_runc()
+pytestmark = pytest.mark.slow
+
+APPS = Path(__file__).parent / "apps"
+CEILING = 180.0  # a cold start on a loaded machine; the policy itself acts within a second
+
+
+@pytest.fixture(scope="module")
+def env(shared_env):
+    cli(shared_env, "deploy", str(APPS / "warm.py"))
+    return shared_env
+
+
+def live(env: dict) -> list[dict]:
+    return [c for c in api(env, "GET", "/api/v1/containers").json()
+            if c.get("deployment_id", "").startswith("warm-") and c["status"] not in ("stopped", "failed")]
+
+
+def ready_one(env: dict, other_than: str = "") -> str:
+    got = wait_until(lambda: [c["container_id"] for c in live(env)
+                              if c["status"] == "ready" and c["container_id"] != other_than], timeout=CEILING)
+    return got[0]
+
+
+def replayed(env: dict, event_type: str) -> list[dict]:
+    out = cli(env, "events", "replay", "--type", event_type, "--json").stdout
+    return [json.loads(line) for line in out.splitlines() if line.strip().startswith("{")]
+
+
+def test_min_containers_keeps_one_warm_with_no_call_and_replaces_it(env):
+    first = ready_one(env)  # no call was ever made
+    [row] = [d for d in json.loads(cli(env, "deployments", "list", "--json").stdout) if d["name"] == "warm"]
+    assert row["desired"] == 1 and row["containers"] >= 1, row
+    reasons = [e["data"]["reason"] for e in replayed(env, "ContainerRequested")
+               if e["data"]["container_id"] == first]
+    assert reasons and reasons[0].startswith("autoscaler: min_containers=1"), reasons
+    r = api(env, "POST", f"/api/v1/containers/{first}/stop")  # killed from outside the policy
+    assert r.status_code in (200, 202), r.text
+    second = ready_one(env, other_than=first)
+    assert second != first
+    wait_until(lambda: len(live(env)) == 1, timeout=CEILING)  # one, not two: the minimum is one
+
+
+def test_scale_to_zero_at_run_time_and_bad_combinations_name_the_field(env):
+    ready_one(env)
+    bad = api(env, "POST", "/api/v1/deployments/warm/scale", json={"min": 3})
+    assert bad.status_code == 422 and "min_containers" in bad.text, bad.text
+    assert api(env, "POST", "/api/v1/deployments/nope/scale", json={"min": 0}).status_code == 404
+    refused = cli(env, "deployments", "scale", "warm", "--target-concurrency", "5", check=False)
+    assert refused.returncode != 0 and "target_concurrency" in refused.stdout + refused.stderr
+    cli(env, "deployments", "scale", "warm", "--min", "0")
+    wait_until(lambda: not live(env), timeout=CEILING)  # idle past its 2 s window, no minimum: stopped
+    stops = [e["data"]["reason"] for e in replayed(env, "ContainerStopRequested")
+             if e["data"]["reason"].startswith("autoscaler: ")]
+    assert any("scaledown_window=2" in s for s in stops), stops
+    [row] = [d for d in json.loads(cli(env, "deployments", "list", "--json").stdout) if d["name"] == "warm"]
+    assert row["desired"] == 0 and row["spec"]["scaling"]["min_containers"] == 0, row
