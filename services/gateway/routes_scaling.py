@@ -19,7 +19,7 @@ from pydantic import BaseModel, Field
 
 from levers9.contracts import envelope
 from levers9.contracts import events as E
-from levers9.contracts.autoscaling import Load, desired_of, rescale
+from levers9.contracts.autoscaling import Load, desired_of, rescale, superseded
 from levers9.contracts.spec import spec_from_builtins
 from levers9.runtime.bus import ConcurrencyConflict
 
@@ -71,6 +71,10 @@ async def container_counts(gw: GatewayState, workspace: str, deployments: list[d
     rows = await gw.pool.fetch("SELECT deployment_id, count(*) AS n FROM gateway.containers WHERE workspace=$1 "
                                "AND status NOT IN ('stopped','failed','stopping') GROUP BY deployment_id", workspace)
     live = {r["deployment_id"]: r["n"] for r in rows}
+    newest: dict[str, int] = {}
+    for d in deployments:
+        if d.get("status") == "active":
+            newest[d["name"]] = max(newest.get(d["name"], 0), d["version"])
     now = dt.datetime.now(dt.timezone.utc)
     for d in deployments:
         d["containers"] = live.get(d["deployment_id"], 0)
@@ -79,6 +83,8 @@ async def container_counts(gw: GatewayState, workspace: str, deployments: list[d
             continue
         try:
             scaling = spec_from_builtins(d["spec"]).scaling
+            if d["version"] < newest.get(d["name"], 0):  # as the autoscaler: an older version keeps none warm
+                scaling = superseded(scaling)
         except (msgspec.ValidationError, ValueError, TypeError):
             continue
         r = gw.routers.get(route_key(workspace, d["deployment_id"]))

@@ -5,11 +5,15 @@ combination is refused with the field named. Conditions are waited on with gener
 
 from __future__ import annotations
 
+import asyncio
 import json
+import tomllib
+import uuid
 from pathlib import Path
 
+import httpx
 import pytest
-from _e2e import api, cli, needs_runc, wait_until
+from _e2e import api, bus_auth, cli, needs_runc, wait_until
 
 needs_runc()
 pytestmark = pytest.mark.slow
@@ -59,6 +63,7 @@ def test_scale_to_zero_at_run_time_and_bad_combinations_name_the_field(env):
     bad = api(env, "POST", "/api/v1/deployments/warm/scale", json={"min": 3})
     assert bad.status_code == 422 and "min_containers" in bad.text, bad.text
     assert api(env, "POST", "/api/v1/deployments/nope/scale", json={"min": 0}).status_code == 404
+    assert as_other_workspace(env, "POST", "/api/v1/deployments/warm/scale", json={"min": 0}).status_code == 404
     refused = cli(env, "deployments", "scale", "warm", "--target-concurrency", "5", check=False)
     assert refused.returncode != 0 and "target_concurrency" in refused.stdout + refused.stderr
     cli(env, "deployments", "scale", "warm", "--min", "0")
@@ -68,3 +73,16 @@ def test_scale_to_zero_at_run_time_and_bad_combinations_name_the_field(env):
     assert any("scaledown_window=2" in s for s in stops), stops
     [row] = [d for d in json.loads(cli(env, "deployments", "list", "--json").stdout) if d["name"] == "warm"]
     assert row["desired"] == 0 and row["spec"]["scaling"]["min_containers"] == 0, row
+
+
+def as_other_workspace(env: dict, method: str, path: str, **kw) -> httpx.Response:
+    """A call with a token of workspace `other` (published on the bus as `levers9 up` does)."""
+    from levers9.cli import publish_token
+
+    nats = next(c["url"] for c in json.loads(cli(env, "status", "--json").stdout)["components"] if c["name"] == "nats")
+    token = "l9_" + uuid.uuid4().hex
+    asyncio.run(publish_token(nats, token, "autoscaling", workspace="other", auth=bus_auth(env)))
+    url = tomllib.loads((Path(env["LEVERS9_HOME"]) / "config.toml").read_text())["gateway_url"]
+    headers = {"Authorization": f"Bearer {token}"}
+    wait_until(lambda: httpx.get(url + "/api/v1/whoami", headers=headers, timeout=10).status_code == 200, timeout=60)
+    return httpx.request(method, url + path, headers=headers, timeout=60, **kw)

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 
+import msgspec
+
 from levers9.contracts import Message, envelope
 from levers9.contracts import events as E
 from levers9.contracts.envelope import subject_of
@@ -107,3 +109,24 @@ def test_an_idle_container_stops_after_the_window_and_scale_applies_at_once():
 def _env(ev: E.ContainerRequested) -> tuple:
     env = envelope(ev, workspace="acme")
     return env, ev, subject_of(env, ev)
+
+
+def test_a_start_restores_the_newest_stored_checkpoint_and_an_older_version_keeps_nothing_warm():
+    log = Log()
+    a = scaler(log)
+    deploy(log, a, min_containers=1, max_containers=2)
+    msg = log.put(E.DeploymentCreated(deployment_id="web-v1", name="web",
+                                      spec=msgspec.structs.replace(spec(min_containers=1, max_containers=2),
+                                                                   checkpoint_enabled=True)))
+    a.fleet.fold(msg)  # v1 again, with checkpoints on (a redeploy of the same id replaces it)
+    a.fleet.fold(log.put(E.CheckpointDumped(checkpoint_id="ck1", deployment_id="web-v1", worker_id="w1",
+                                            size_bytes=10, sha256="s", location="http://cache/ck1")))
+    a.fleet.fold(log.put(E.CheckpointStored(checkpoint_id="ck1", bucket="b", key="k", size_bytes=10, sha256="s")))
+    asyncio.run(a.run_pass())
+    [c] = requests(a.memory)
+    assert c.request.checkpoint is not None and c.request.checkpoint.checkpoint_id == "ck1"
+    assert c.request.checkpoint.location == "http://cache/ck1"
+    v2 = msgspec.structs.replace(spec(min_containers=1, max_containers=2), name="web")
+    a.fleet.fold(log.put(E.DeploymentCreated(deployment_id="web-v2", name="web", version=2, spec=v2)))
+    assert a.fleet.deployments[("acme", "web-v1")].policy.min_containers == 0
+    assert a.fleet.deployments[("acme", "web-v2")].policy.min_containers == 1
