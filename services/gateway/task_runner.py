@@ -23,6 +23,7 @@ import logging
 import os
 import socket
 import time
+from collections import OrderedDict
 
 from levers9.contracts import envelope, subjects, uuid7
 from levers9.contracts import events as E
@@ -50,6 +51,8 @@ CONFLICT_TRIES = 5
 RESULT_LIMIT = 256 << 10  # a result larger than this fails the task: it would not fit the log's message
 OUTPUT_KEPT = 16 << 10  # the tail of an attempt's output kept in its outcome: the task's log
 CALLBACK_TIMEOUT_S = 10.0
+KNOWN_KEPT = 10_000  # outcomes remembered as needing no callback
+DEPLOYMENT_TTL_S = 2.0
 TERMINAL = (E.TaskSucceeded, E.TaskFailed, E.TaskExpired, E.TaskCancelled)
 # what a runner acts on: work (enqueued, retried) and outcomes (callbacks); never TaskStarted
 FILTERS = [subjects.filter_subject(aggregate="task", event_type=t.__name__)
@@ -65,6 +68,10 @@ class TaskRunner:
         self.gw = gw
         self.runner_id = f"{socket.gethostname()}-{os.getpid()}"
         self.calls: dict[str, str] = {}  # task id -> the call id of its attempt running here
+        # tasks whose outcome this process recorded and that have no callback: their outcome's delivery
+        # needs no read of the log (most outcomes come back to the runner that recorded them)
+        self.no_callback: OrderedDict[str, None] = OrderedDict()
+        self.deployments: dict[tuple[str, str], tuple[float, Deployment | None]] = {}
 
     async def run(self, stop: asyncio.Event) -> None:
         consumers = [WorkConsumer(self.gw.bus, DURABLE, FILTERS,
@@ -134,6 +141,10 @@ class TaskRunner:
         outcome = outcome_event(s, done, time.time())
         try:
             await self.append(workspace, outcome, began.seq, correlation)
+            if not enq.callback_url and isinstance(outcome, TERMINAL):
+                self.no_callback[s.task_id] = None
+                while len(self.no_callback) > KNOWN_KEPT:
+                    self.no_callback.popitem(last=False)
         except ConcurrencyConflict:  # cancelled, or another runner started it again: its record stands
             log.info("task %s: attempt %d's outcome not recorded: the task moved on meanwhile", s.task_id, s.attempt)
 
@@ -164,11 +175,19 @@ class TaskRunner:
         return await self.gw.bus.append(envelope(event, workspace=workspace, correlation_id=correlation), expected)
 
     async def deployment(self, workspace: str, deployment_id: str) -> Deployment | None:
-        row = await self.gw.pool.fetchrow("SELECT * FROM gateway.deployments WHERE workspace=$1 AND deployment_id=$2",
-                                          workspace, deployment_id)
-        return Deployment.from_row(row) if row is not None and row["status"] == "active" else None
+        """The task's deployment version while active, read at most every DEPLOYMENT_TTL_S (a task run
+        just after a stop fails on its own: the version's sandboxes are going)."""
+        at, dep = self.deployments.get((workspace, deployment_id), (0.0, None))
+        if time.monotonic() - at > DEPLOYMENT_TTL_S:
+            row = await self.gw.pool.fetchrow("SELECT * FROM gateway.deployments WHERE workspace=$1 AND "
+                                              "deployment_id=$2", workspace, deployment_id)
+            dep = Deployment.from_row(row) if row is not None and row["status"] == "active" else None
+            self.deployments[(workspace, deployment_id)] = (time.monotonic(), dep)
+        return dep
 
     async def callback(self, workspace: str, task_id: str) -> None:
+        if self.no_callback.pop(task_id, 0) is None:
+            return
         loaded = await task_log.load(self.gw.bus, workspace, task_id)
         enq = loaded.state.enqueued if loaded is not None else None
         if loaded is None or enq is None or not enq.callback_url:
