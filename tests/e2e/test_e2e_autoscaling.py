@@ -7,11 +7,17 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
+import socket
+import subprocess
+import sys
 import tomllib
 import uuid
 from pathlib import Path
 
 import httpx
+import psutil
 import pytest
 from _e2e import api, bus_auth, cli, needs_runc, wait_until
 
@@ -73,6 +79,44 @@ def test_scale_to_zero_at_run_time_and_bad_combinations_name_the_field(env):
     assert any("scaledown_window=2" in s for s in stops), stops
     [row] = [d for d in json.loads(cli(env, "deployments", "list", "--json").stdout) if d["name"] == "warm"]
     assert row["desired"] == 0 and row["spec"]["scaling"]["min_containers"] == 0, row
+
+
+def test_two_scheduler_replicas_keep_exactly_the_minimum(env):
+    """A second scheduler process beside the stack's: both apply the policy to the same log; the
+    starts they both decide collide on the same container id, so two are started, not four."""
+    home = Path(env["LEVERS9_HOME"])
+    pid = json.loads((home / "state.json").read_text())["components"]["scheduler"]["pid"]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    second = subprocess.Popen([sys.executable, "-m", "levers9", "service", "scheduler"],
+                              env={**psutil.Process(pid).environ(), "LEVERS9_HTTP_PORT": str(port)},
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_until(lambda: _healthy(port), timeout=CEILING)
+        cli(env, "deploy", str(APPS / "warm_pair.py"))
+        pair = lambda: [c for c in api(env, "GET", "/api/v1/containers").json()  # noqa: E731
+                        if c.get("deployment_id", "").startswith("warm-pair-") and c["status"] == "ready"]
+        # a duplicate start would come from the same pass as the first ones (both replicas saw the
+        # deployment at once), seconds before two containers are ready: by then it is in the log
+        wait_until(lambda: len(pair()) >= 2, timeout=CEILING)
+        starts = [e for e in replayed(env, "ContainerRequested")
+                  if e["data"].get("deployment_id", "").startswith("warm-pair-")
+                  and e["data"]["reason"].startswith("autoscaler: ")]
+        assert len(starts) == 2 and len(pair()) == 2, [e["data"]["container_id"] for e in starts]
+    finally:
+        second.send_signal(signal.SIGTERM)
+        try:
+            second.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.kill(second.pid, signal.SIGKILL)
+
+
+def _healthy(port: int) -> bool:
+    try:
+        return httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=5).status_code == 200
+    except httpx.HTTPError:
+        return False
 
 
 def as_other_workspace(env: dict, method: str, path: str, **kw) -> httpx.Response:
