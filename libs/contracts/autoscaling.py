@@ -138,6 +138,17 @@ def stops(scaling: Scaling, live: Sequence[Box], desired: int, load: Load, now: 
     return tuple(out)
 
 
+def starts_for_waiting(waiting: int, starting: int, live: int, concurrency: int, max_containers: int) -> int:
+    """The gateway's fast path of rule 4, for latency: containers to request at once for calls that
+    wait with every ready container full (the starting ones will absorb `concurrency` calls each),
+    never past max_containers. With full ready containers it asks for exactly what `decide` would
+    (tests/unit/test_autoscaling.py); the autoscaler adds the rest (minimum, buffer, target)."""
+    short = waiting - starting * concurrency
+    if short <= 0:
+        return 0
+    return max(0, min(ceil_div(short, concurrency), max_containers - live))
+
+
 def superseded(scaling: Scaling) -> Scaling:
     """An older version still active beside a newer one: it serves the calls that name it, and keeps
     nothing warm for them (no minimum, no buffer, no schedule)."""

@@ -21,6 +21,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Awaitable, Callable
 
+from levers9.contracts.autoscaling import starts_for_waiting
+
 LIVE = {"requested", "pending", "scheduled", "starting", "ready"}
 
 
@@ -77,11 +79,8 @@ class DeploymentRouter:
         """How many more containers the waiting calls justify (pure: from the current state)."""
         live = self.live()
         starting = sum(1 for s in live if s.status != "ready") + self.pending
-        short = self.waiting - starting * self.concurrency
-        if short <= 0:
-            return 0
-        need = -(-short // self.concurrency)
-        return max(0, min(need, self.max_containers - len(live) - self.pending))
+        return starts_for_waiting(self.waiting, starting, len(live) + self.pending, self.concurrency,
+                                  self.max_containers)
 
     async def request(self, request_container: Callable[[], Awaitable[str]]) -> None:
         """Ask for one more container. The request counts from before it is sent until its container is

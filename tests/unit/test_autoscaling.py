@@ -8,7 +8,7 @@ import datetime as dt
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from levers9.contracts.autoscaling import LIVE, Box, Load, decide, desired_of
+from levers9.contracts.autoscaling import LIVE, Box, Load, decide, desired_of, starts_for_waiting
 from levers9.contracts.spec import Scaling
 from levers9.contracts.warm_schedule import scheduled_minimum
 
@@ -131,3 +131,18 @@ def test_applying_a_decision_settles(s: Scaling, boxes: list[Box], load: Load, n
     after = [b for b in boxes if b.container_id not in stopped] + [Box(f"new-{i}", "requested") for i in range(d.start)]
     again = decide(s, after, load, now)
     assert again.start == 0 and again.stop == ()
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(0, 60), st.integers(0, 5), st.integers(0, 5), st.integers(1, 8), st.integers(1, 12))
+def test_the_gateways_fast_path_asks_for_what_the_policy_would(waiting, ready_n, starting, concurrency, high):
+    """With every ready container full, the gateway's immediate requests for waiting calls are the
+    policy's own starts (no minimum, no buffer), and never pass max_containers."""
+    if ready_n + starting > high:
+        return
+    s = Scaling(max_containers=high, concurrency=concurrency)
+    boxes = [ready(f"r{i}", inflight=concurrency) for i in range(ready_n)] + \
+        [Box(f"s{i}", "starting") for i in range(starting)]
+    fast = starts_for_waiting(waiting, starting, ready_n + starting, concurrency, high)
+    assert fast == decide(s, boxes, Load(waiting=waiting, inflight=ready_n * concurrency), NOW).start
+    assert ready_n + starting + fast <= high
