@@ -8,6 +8,7 @@ Its own stack: it SIGKILLs services, which the shared one must never see."""
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import gzip
 import io
 import json
@@ -116,6 +117,9 @@ def test_tasks_put_over_rest_the_sdk_and_listed_by_the_cli_complete_with_their_r
     assert task_id in {t["task_id"] for t in listed}
     shown = json.loads(cli(env, "tasks", "show", task_id, "--json").stdout)
     assert shown["result"] == 9
+    assert task_id in cli(env, "tasks", "list").stdout  # the table
+    text = cli(env, "tasks", "show", task_id).stdout
+    assert "status: succeeded" in text and "result: 9" in text and "squaring 3" in text
 
 
 def test_a_failing_task_is_retried_then_its_one_failure_is_recorded(env):
@@ -193,6 +197,8 @@ def test_a_schedule_fires_each_minute_exactly_once(env):
     rows = json.loads(cli(env, "schedules", "list", "--json").stdout)
     [minutely] = [s for s in rows if s["name"] == "minutely"]
     assert minutely["cron"] == "* * * * *" and len(minutely["next_runs"]) == 3
+    assert minutely["next_runs"][0] > dt.datetime.now(dt.timezone.utc).isoformat()
+    assert "minutely" in cli(env, "schedules", "list").stdout
 
     def fired() -> list[dict]:
         out = cli(env, "events", "replay", "--aggregate", "schedule", "--json").stdout
