@@ -26,10 +26,28 @@ from typing import Sequence
 
 import msgspec
 
-from .spec import Scaling
+from .spec import DeploymentSpec, Scaling
+from .task_spec import TaskQueueOptions
 from .warm_schedule import scheduled_minimum
 
 LIVE = frozenset({"requested", "pending", "scheduled", "starting", "ready"})
+SCALED_KINDS = frozenset({"endpoint", "asgi"})
+
+
+def governed(spec: DeploymentSpec | None) -> bool:
+    """Whether the autoscaler scales this deployment's containers (and the worker's idle rule leaves
+    them alone): endpoints, ASGI apps, task queues and scheduled functions. Other function sandboxes
+    (ad-hoc calls, sessions) keep the worker's keep-warm rule: a session's sandbox is one caller's."""
+    if spec is None:
+        return False
+    return spec.code.kind in SCALED_KINDS or spec.task_queue is not None or spec.schedule is not None
+
+
+def tasks_per_container(spec: DeploymentSpec) -> int:
+    """The queue's target of waiting tasks per container; 0 for a deployment that takes no tasks."""
+    if spec.task_queue is None and spec.schedule is None:
+        return 0
+    return (spec.task_queue or TaskQueueOptions()).tasks_per_container
 
 
 @dataclass(frozen=True)

@@ -15,16 +15,16 @@ from __future__ import annotations
 
 import datetime as dt
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import msgspec
 
 from levers9.contracts import Message
 from levers9.contracts import events as E
-from levers9.contracts.autoscaling import Load, rescale, superseded
+from levers9.contracts.autoscaling import Load, governed, rescale, superseded, tasks_per_container
 from levers9.contracts.spec import CheckpointRef, DeploymentSpec, Scaling
+from levers9.contracts.task_state import QueueDepth
 
-GOVERNED_KINDS = frozenset({"endpoint", "asgi"})  # function sandboxes keep the worker's idle rule (sessions)
 REASON_PREFIX = "autoscaler: "
 ID_NAMESPACE = uuid.UUID("0b6f3a52-7c1e-4c59-9a7e-2d4b8e1f6a30")
 LOAD_TTL_S = 5.0
@@ -65,6 +65,7 @@ class Fleet:
     dumped: dict[str, tuple[Key, int, E.CheckpointDumped]] = field(default_factory=dict)  # id -> not stored yet
     stored: dict[str, Key] = field(default_factory=dict)  # checkpoint id -> its deployment
     samples: dict[str, tuple[float, dict]] = field(default_factory=dict)  # gateway -> (received, its sample)
+    queues: dict[str, QueueDepth] = field(default_factory=dict)  # workspace -> its task queues' depth
 
     def fold(self, msg: Message) -> None:
         ev, ws = msg.event, msg.envelope.workspace
@@ -72,6 +73,8 @@ class Fleet:
             self._deployment(ws, ev)
         elif ev.AGGREGATE == "checkpoint":
             self._checkpoint(ws, ev)
+        elif ev.AGGREGATE == "task":
+            self.queues.setdefault(ws, QueueDepth()).apply(ev)
         elif isinstance(ev, E.ContainerRequested):
             dep = self.deployments.get((ws, ev.deployment_id))
             if dep is not None and ev.reason.startswith(REASON_PREFIX):
@@ -84,7 +87,7 @@ class Fleet:
     def _deployment(self, ws: str, ev: E.Event) -> None:
         key = (ws, ev.aggregate_id)
         if isinstance(ev, E.DeploymentCreated):
-            if ev.spec.code.kind in GOVERNED_KINDS:
+            if governed(ev.spec):
                 self.deployments[key] = Governed(ws, ev.deployment_id, ev.name, ev.version, ev.spec, ev.spec.scaling)
             for other in self.deployments.values():
                 if other.workspace == ws and other.name == ev.name and other.version < ev.version:
@@ -133,22 +136,34 @@ class Fleet:
             del self.samples[gw]
         return [s for _, s in self.samples.values()]
 
-    @staticmethod
-    def load_of(samples: list[dict], key: Key) -> tuple[Load, dict[str, tuple[int, float]]]:
-        """The deployment's load over the gateways, and per container (in flight, last used)."""
-        waiting = inflight = 0
-        per: dict[str, tuple[int, float]] = {}
-        name = f"{key[0]}/{key[1]}"
-        for s in samples:
-            d = s.get("deployments", {}).get(name)
-            if not d:
-                continue
-            waiting += int(d.get("waiting", 0))
-            for cid, (n, used) in d.get("containers", {}).items():
-                was = per.get(cid, (0, 0.0))
-                per[cid] = (was[0] + int(n), max(was[1], float(used)))
-                inflight += int(n)
-        return Load(waiting=waiting, inflight=inflight, known=bool(samples)), per
+    def load_of(self, samples: list[dict], dep: Governed) -> tuple[Load, dict[str, tuple[int, float]]]:
+        """The deployment's load over the gateways and its task queue, and per container (in
+        flight, last used). Tasks a runner took wait or run as calls: only those not started count
+        as queued tasks."""
+        load, per = calls_of(samples, (dep.workspace, dep.deployment_id))
+        per_container = tasks_per_container(dep.spec)
+        if per_container:
+            queue = self.queues.get(dep.workspace)
+            waiting = queue.depth(dep.deployment_id)[0] if queue is not None else 0
+            load = replace(load, queued_tasks=waiting, tasks_per_container=per_container)
+        return load, per
+
+
+def calls_of(samples: list[dict], key: Key) -> tuple[Load, dict[str, tuple[int, float]]]:
+    """The deployment's calls over the gateways, and per container (in flight, last used)."""
+    waiting = inflight = 0
+    per: dict[str, tuple[int, float]] = {}
+    name = f"{key[0]}/{key[1]}"
+    for s in samples:
+        d = s.get("deployments", {}).get(name)
+        if not d:
+            continue
+        waiting += int(d.get("waiting", 0))
+        for cid, (n, used) in d.get("containers", {}).items():
+            was = per.get(cid, (0, 0.0))
+            per[cid] = (was[0] + int(n), max(was[1], float(used)))
+            inflight += int(n)
+    return Load(waiting=waiting, inflight=inflight, known=bool(samples)), per
 
 
 def scaled_spec(dep: Governed) -> DeploymentSpec:

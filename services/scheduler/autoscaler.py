@@ -1,9 +1,11 @@
 """The one place the autoscaling policy is applied: level triggered, every second and whenever a
-deployment's scaling changes, for every deployment it governs (endpoints and ASGI apps).
+deployment's scaling changes, for every deployment it governs (endpoints, ASGI apps, task queues
+and scheduled functions: levers9.contracts.autoscaling.governed).
 
 A pass, per deployment:
-1. its containers from the scheduler's memory (their status), when each became ready (Fleet), and
-   what the gateways report of its calls (waiting, in flight per container, last used);
+1. its containers from the scheduler's memory (their status), when each became ready (Fleet), what
+   the gateways report of its calls (waiting, in flight per container, last used) and its task
+   queue's waiting tasks (folded from the task events);
 2. `levers9.contracts.autoscaling.decide` says how many to start and which idle ones to stop;
 3. each start is a ContainerRequested whose reason starts with "autoscaler: ", appended expecting
    no event yet on a container id derived from the count of the autoscaler's earlier requests of
@@ -44,6 +46,7 @@ log = logging.getLogger("levers9.scheduler.autoscaler")
 EVERY_S = 1.0
 CONTAINER_TYPES = ("ContainerRequested", "ContainerReady", "ContainerStopped", "ContainerFailed")
 FILTERS = [subjects.filter_subject(aggregate="deployment"), subjects.filter_subject(aggregate="checkpoint"),
+           subjects.filter_subject(aggregate="task"),
            *(subjects.filter_subject(aggregate="container", event_type=t) for t in CONTAINER_TYPES)]
 
 
@@ -116,7 +119,7 @@ class Autoscaler:
             if not dep.active:
                 self.desired.pop(key, None)
                 continue
-            load, per = Fleet.load_of(samples, key)
+            load, per = self.fleet.load_of(samples, dep)
             boxes = [self.box(c, per) for c in by_deployment.get(key, [])]
             d = decide(dep.policy, boxes, load, dt.datetime.fromtimestamp(now, dt.timezone.utc))
             self.desired[key] = d.desired

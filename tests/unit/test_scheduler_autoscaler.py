@@ -130,3 +130,24 @@ def test_a_start_restores_the_newest_stored_checkpoint_and_an_older_version_keep
     a.fleet.fold(log.put(E.DeploymentCreated(deployment_id="web-v2", name="web", version=2, spec=v2)))
     assert a.fleet.deployments[("acme", "web-v1")].policy.min_containers == 0
     assert a.fleet.deployments[("acme", "web-v2")].policy.min_containers == 1
+
+
+def test_a_task_queue_scales_on_its_waiting_tasks():
+    from levers9.contracts.task_spec import TaskQueueOptions
+
+    log = Log()
+    a = scaler(log)
+    fn = DeploymentSpec(name="jobs", code=Code(kind="function", module="m", handler="h"),
+                        scaling=Scaling(max_containers=5, scaledown_window=0),
+                        task_queue=TaskQueueOptions(tasks_per_container=2))
+    a.fleet.fold(log.put(E.DeploymentCreated(deployment_id="jobs-v1", name="jobs", spec=fn)))
+    for i in range(5):
+        a.fleet.fold(log.put(E.TaskEnqueued(task_id=f"t{i}", deployment_id="jobs-v1", queue="jobs", enqueued_at=0.0)))
+    asyncio.run(a.run_pass())
+    started = requests(a.memory)
+    assert len(started) == 3 and "5 queued tasks at tasks_per_container=2" in started[0].request.reason
+    a.fleet.fold(log.put(E.TaskStarted(task_id="t0", deployment_id="jobs-v1", attempt=1, runner="g")))
+    session = DeploymentSpec(name="adhoc", code=Code(kind="function", module="m", handler="h"),
+                             scaling=Scaling(min_containers=1))
+    a.fleet.fold(log.put(E.DeploymentCreated(deployment_id="adhoc-v1", name="adhoc", spec=session)))
+    assert ("acme", "adhoc-v1") not in a.fleet.deployments  # plain function sandboxes: the worker's rule

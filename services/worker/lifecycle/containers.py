@@ -8,8 +8,9 @@ ready, stopped, watched for exits, and stopped when idle or when the worker drai
   address) or failed (ContainerFailed with the reason from the log).
 - A monitor loop notices containers that exit or run out of memory, stops function sandboxes idle for
   their keep-warm (the rule is levers9.worker.lifecycle.idle; a session's sandbox lives by it), or
-  every one when the worker drains. Endpoints and ASGI apps are scaled by the scheduler's autoscaler
-  alone: it appends ContainerStopRequested with its reason, which the worker obeys.
+  every one when the worker drains. Endpoints, ASGI apps, task queues and scheduled functions are
+  scaled by the scheduler's autoscaler alone (levers9.contracts.autoscaling.governed): it appends
+  ContainerStopRequested with its reason, which the worker obeys.
 
 `Containers` is also the read-only mapping of the live containers (id -> Running) that the routes,
 the heartbeat and the restart report read. It is given the narrow parts it uses (`ContainerParts`),
@@ -31,6 +32,7 @@ import httpx
 
 from levers9.contracts import Envelope, envelope
 from levers9.contracts import events as E
+from levers9.contracts.autoscaling import governed
 from levers9.runtime.config import Settings
 from levers9.runtime.tasks import spawn
 from levers9.worker.checkpoints.orchestration import Checkpoints
@@ -275,8 +277,8 @@ class Containers(Mapping[str, Running]):
         if draining:
             await self.stop(c, f"worker {self.parts.worker_id} drained")
             return
-        if not is_function(c.spec):
-            return  # endpoints and ASGI apps are stopped by the scheduler's autoscaler (ContainerStopRequested)
+        if governed(c.spec):
+            return  # the scheduler's autoscaler stops these (ContainerStopRequested with its reason)
         try:
             status = (await client.get(f"{c.address}/_levers9/status")).json()
         except (httpx.HTTPError, ValueError):
