@@ -4,12 +4,14 @@ random deployments, containers, loads and times."""
 from __future__ import annotations
 
 import datetime as dt
+import json
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from levers9.contracts.autoscaling import LIVE, Box, Load, decide, desired_of, starts_for_waiting
-from levers9.contracts.spec import Scaling
+from levers9.contracts.spec import InvalidSpec, Scaling, decode_spec
 from levers9.contracts.warm_schedule import scheduled_minimum
 
 NOW = dt.datetime(2026, 12, 7, 12, 0, tzinfo=dt.timezone.utc)  # a Monday
@@ -146,3 +148,16 @@ def test_the_gateways_fast_path_asks_for_what_the_policy_would(waiting, ready_n,
     fast = starts_for_waiting(waiting, starting, ready_n + starting, concurrency, high)
     assert fast == decide(s, boxes, Load(waiting=waiting, inflight=ready_n * concurrency), NOW).start
     assert ready_n + starting + fast <= high
+
+
+def test_a_deployed_spec_refuses_bad_scaling_with_the_field_named():
+    """What the gateway answers 422 with (decode_spec's InvalidSpec message)."""
+    base = {"name": "a", "code": {"module": "m", "handler": "h"}}
+    for scaling, field in [({"warm_schedule": {"0 25 * * *": 1}}, "warm_schedule"),
+                           ({"warm_schedule_timezone": "Mars/Olympus"}, "warm_schedule_timezone"),
+                           ({"min_containers": 2}, "min_containers"),
+                           ({"target_concurrency": 2}, "target_concurrency"),
+                           ({"buffer_containers": 2}, "buffer_containers"),
+                           ({"max_containers": 2, "warm_schedule": {"0 8 * * *": 3}}, "warm_schedule")]:
+        with pytest.raises(InvalidSpec, match=field):
+            decode_spec(json.dumps({**base, "scaling": scaling}))
