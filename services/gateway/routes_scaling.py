@@ -19,7 +19,7 @@ from pydantic import BaseModel, Field
 
 from levers9.contracts import envelope
 from levers9.contracts import events as E
-from levers9.contracts.autoscaling import Load, desired_of, rescale, superseded
+from levers9.contracts.autoscaling import Load, desired_of, governed, rescale, superseded
 from levers9.contracts.spec import spec_from_builtins
 from levers9.runtime.bus import ConcurrencyConflict
 
@@ -67,7 +67,8 @@ def _json(value: Any) -> dict[str, Any]:
 
 async def container_counts(gw: GatewayState, workspace: str, deployments: list[dict[str, Any]]) -> None:
     """Add `containers` (live ones) and `desired` (the policy's count from this gateway's view of the
-    load: with several gateways the autoscaler's sum may be higher) to each listed deployment."""
+    load: with several gateways the autoscaler's sum may be higher; null where the autoscaler does
+    not scale the deployment) to each listed deployment."""
     rows = await gw.pool.fetch("SELECT deployment_id, count(*) AS n FROM gateway.containers WHERE workspace=$1 "
                                "AND status NOT IN ('stopped','failed','stopping') GROUP BY deployment_id", workspace)
     live = {r["deployment_id"]: r["n"] for r in rows}
@@ -82,7 +83,11 @@ async def container_counts(gw: GatewayState, workspace: str, deployments: list[d
         if d.get("status") != "active" or not isinstance(d.get("spec"), dict):
             continue
         try:
-            scaling = spec_from_builtins(d["spec"]).scaling
+            spec = spec_from_builtins(d["spec"])
+            scaling = spec.scaling
+            if not governed(spec):  # ad-hoc and session sandboxes: the worker's keep-warm, no policy
+                d["desired"] = None
+                continue
             if d["version"] < newest.get(d["name"], 0):  # as the autoscaler: an older version keeps none warm
                 scaling = superseded(scaling)
         except (msgspec.ValidationError, ValueError, TypeError):
