@@ -116,8 +116,11 @@ class Autoscaler:
             if c.request is not None and c.request.deployment_id:
                 by_deployment.setdefault((c.workspace, c.request.deployment_id), []).append(c)
         for key, dep in list(self.fleet.deployments.items()):
-            if not dep.active:
+            if not dep.active:  # the gateway stopped what it knew; a start that crossed its stop goes too
                 self.desired.pop(key, None)
+                for c in by_deployment.get(key, []):
+                    if c.status == "ready":
+                        await self.stop(c, "its deployment was stopped")
                 continue
             load, per = self.fleet.load_of(samples, dep)
             boxes = [self.box(c, per) for c in by_deployment.get(key, [])]

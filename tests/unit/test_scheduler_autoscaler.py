@@ -151,3 +151,16 @@ def test_a_task_queue_scales_on_its_waiting_tasks():
                              scaling=Scaling(min_containers=1))
     a.fleet.fold(log.put(E.DeploymentCreated(deployment_id="adhoc-v1", name="adhoc", spec=session)))
     assert ("acme", "adhoc-v1") not in a.fleet.deployments  # plain function sandboxes: the worker's rule
+
+
+def test_a_container_started_across_its_deployments_stop_is_stopped_too():
+    log = Log()
+    a = scaler(log)
+    deploy(log, a, min_containers=1, max_containers=2)
+    asyncio.run(a.run_pass())
+    [c] = requests(a.memory)
+    a.memory.apply(log.put(E.ContainerReady(container_id=c.container_id, worker_id="w1", address="http://x")),
+                   log.seq)
+    a.fleet.fold(log.put(E.DeploymentStopped(deployment_id="web-v1")))
+    asyncio.run(a.run_pass())
+    assert a.memory.containers[c.key].status == "stopping" and requests(a.memory) == []
