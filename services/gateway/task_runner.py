@@ -10,7 +10,9 @@ Each of RUNNERS pulls one message at a time from one shared durable consumer, so
 most RUNNERS tasks at once and replicas share the queue. A task runs through the same path as
 `POST /function/APP/NAME` (function_plans.plan_for, Calls.run): its deployment's router, its
 sandboxes, JSON arguments in and a JSON result out. The function's own retries are not used: a
-failed attempt becomes a TaskRetried, itself a message that waits for its `not_before`.
+failed attempt becomes a TaskRetried, itself a message that waits for its `not_before`. The call
+takes its slot through a StartGate (task_gate.py): the task starts (TaskStarted) when it gets a
+sandbox, and a task that waits for one past its TTL expires.
 
 Terminal events pass through the same consumer: a queue with a callback_url gets the outcome POSTed,
 and a refused or failed POST is redelivered with backoff (MAX_DELIVER times, then dead-lettered).
@@ -24,6 +26,8 @@ import os
 import socket
 import time
 from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Awaitable, Callable, cast
 
 from levers9.contracts import envelope, subjects, uuid7
 from levers9.contracts import events as E
@@ -37,9 +41,11 @@ from .callers import Caller
 from .executor_client import Outcome
 from .function_plans import plan_for
 from .function_targets import TargetError
+from .router import DeploymentRouter
 from .routes_functions import Collected
 from .state import Deployment
 from .state import Gateway as GatewayState
+from .task_gate import StartGate
 
 log = logging.getLogger("levers9.gateway.tasks")
 
@@ -57,6 +63,12 @@ TERMINAL = (E.TaskSucceeded, E.TaskFailed, E.TaskExpired, E.TaskCancelled)
 # what a runner acts on: work (enqueued, retried) and outcomes (callbacks); never TaskStarted
 FILTERS = [subjects.filter_subject(aggregate="task", event_type=t.__name__)
            for t in (E.TaskEnqueued, E.TaskRetried, *TERMINAL)]
+
+
+@dataclass(frozen=True)
+class StartGateArgs:
+    deadline: float | None  # the task must start by then (its TTL); None: no limit (a retry)
+    on_start: Callable[[str], Awaitable[int]]
 
 
 class CallbackFailed(Exception):
@@ -134,21 +146,43 @@ class TaskRunner:
                 task_id=s.task_id, deployment_id=s.deployment_id, attempt=s.attempt, outcome="failed",
                 reason=f"deployment {s.deployment_id} is stopped or deleted"), loaded.last_seq, correlation)
             return
-        start = E.TaskStarted(task_id=s.task_id, deployment_id=s.deployment_id, attempt=s.attempt, runner=self.runner_id,
-                              retries_used=s.retries_used, platform_retries=s.platform_retries)
-        began = await self.append(workspace, start, loaded.last_seq, correlation)
-        done = await self.attempt(workspace, dep, s, correlation)
-        outcome = outcome_event(s, done, time.time())
+        async def on_start(container_id: str) -> int:  # the router handed the call a slot: it starts now
+            start = E.TaskStarted(task_id=s.task_id, deployment_id=s.deployment_id, attempt=s.attempt,
+                                  container_id=container_id, runner=self.runner_id, retries_used=s.retries_used,
+                                  platform_retries=s.platform_retries)
+            return (await self.append(workspace, start, loaded.last_seq, correlation)).seq
+
+        deadline = enq.enqueued_at + enq.ttl_seconds if s.status == "queued" else None
+        done, gate = await self.attempt(workspace, dep, s, correlation, StartGateArgs(deadline, on_start))
+        if gate is not None and gate.conflict:
+            raise ConcurrencyConflict(f"task {s.task_id}", loaded.last_seq, "it moved on while waiting for a sandbox")
+        await self.record(workspace, s, done, gate, loaded.last_seq, correlation)
+
+    async def record(self, workspace: str, s: TaskState, done: Attempted, gate: StartGate | None, last_seq: int,
+                     correlation: str) -> None:
+        """The attempt's outcome (or the expiry of a task that found no sandbox within its TTL), expecting
+        the task's last event to be this attempt's start (or, never started, what it was before)."""
+        enq = s.enqueued
+        assert enq is not None
+        if gate is not None and gate.expired:
+            outcome: E.Event = E.TaskExpired(task_id=s.task_id, deployment_id=s.deployment_id,
+                                             reason=f"ttl: not started within {enq.ttl_seconds:g} s of being "
+                                                    "enqueued (no sandbox was free)")
+        else:
+            outcome = outcome_event(s, done, time.time())
+        expected = gate.started_seq if gate is not None and gate.started_seq else last_seq
         try:
-            await self.append(workspace, outcome, began.seq, correlation)
-            if not enq.callback_url and isinstance(outcome, TERMINAL):
-                self.no_callback[s.task_id] = None
-                while len(self.no_callback) > KNOWN_KEPT:
-                    self.no_callback.popitem(last=False)
+            await self.append(workspace, outcome, expected, correlation)
         except ConcurrencyConflict:  # cancelled, or another runner started it again: its record stands
             log.info("task %s: attempt %d's outcome not recorded: the task moved on meanwhile", s.task_id, s.attempt)
+            return
+        if not enq.callback_url and isinstance(outcome, TERMINAL):
+            self.no_callback[s.task_id] = None
+            while len(self.no_callback) > KNOWN_KEPT:
+                self.no_callback.popitem(last=False)
 
-    async def attempt(self, workspace: str, dep: Deployment, s: TaskState, correlation: str) -> Attempted:
+    async def attempt(self, workspace: str, dep: Deployment, s: TaskState, correlation: str,
+                      starting: StartGateArgs) -> tuple[Attempted, StartGate | None]:
         enq = s.enqueued
         assert enq is not None and self.gw.functions is not None
         functions = self.gw.functions
@@ -158,7 +192,9 @@ class TaskRunner:
             plan = await plan_for(self.gw, functions.sessions, caller, dep,
                                   pb.FunctionRef(app=dep.spec.app_name, name=dep.name), "", "task", correlation)
         except TargetError as exc:
-            return Attempted(ok=False, kind="failed", reason=str(exc))
+            return Attempted(ok=False, kind="failed", reason=str(exc)), None
+        gate = StartGate(plan.router, starting.deadline, starting.on_start)
+        plan.router = cast(DeploymentRouter, gate)
         plan.header = {**plan.header, "json": True, "generator": False, "timeout": enq.timeout_seconds}
         plan.retries, plan.timeout = 0, enq.timeout_seconds
         call_id = self.calls[s.task_id] = uuid7()
@@ -167,7 +203,7 @@ class TaskRunner:
             outcome, _ = await functions.calls.run(plan, call_id, enq.payload.encode(), sink, asyncio.Event())
         finally:
             self.calls.pop(s.task_id, None)
-        return attempted(outcome, "".join(sink.out), (time.monotonic() - began) * 1000)
+        return attempted(outcome, "".join(sink.out), (time.monotonic() - began) * 1000), gate
 
     # ---- the log and the rest -----------------------------------------------------------------------
 

@@ -155,6 +155,20 @@ def test_a_task_past_its_ttl_expires_with_that_reason(env):
     assert "TaskStarted" not in [e["type"] for e in task_events(env) if e["data"]["task_id"] == task_id]
 
 
+def test_a_task_that_waits_for_a_sandbox_past_its_ttl_expires_and_never_runs(env):
+    """`single` has one sandbox serving one task at a time and a 5 s TTL: a task put while another
+    runs there waits for the slot, and expires once its TTL passes."""
+    # warm its sandbox first: a cold start may itself outlast the TTL (then that task expires: try again)
+    wait_until(lambda: ended(env, put(env, "single", 0))["status"] == "succeeded", timeout=RECOVERY_S)
+    first = put(env, "single", 20)
+    wait_until(lambda: task(env, first)["status"] == "running", timeout=RECOVERY_S, every=0.5)
+    second = put(env, "single", 1)
+    done = ended(env, second, timeout=60)
+    assert done["status"] == "expired" and "no sandbox was free" in done["error"]["reason"], done
+    assert "TaskStarted" not in [e["type"] for e in task_events(env) if e["data"]["task_id"] == second]
+    assert ended(env, first)["status"] == "succeeded"
+
+
 def test_a_refused_callback_is_posted_again_with_the_result(env, callbacks):
     task_id = put(env, "square", 4)
     assert ended(env, task_id)["result"] == 16

@@ -1,5 +1,6 @@
 """Task queues and a schedule (tests/e2e/test_e2e_tasks.py): `levers9 deploy` makes the queues
-`square` and `flaky` and the every-minute schedule `minutely`. TASKS_CALLBACK (read at deploy, on the
+`square`, `flaky` and `single` (one sandbox, one task at a time, a 5 s TTL) and the every-minute
+schedule `minutely`. TASKS_CALLBACK (read at deploy, on the
 caller's machine) is where `square` POSTs each outcome."""
 
 import os
@@ -31,3 +32,11 @@ def minutely():
     now = datetime.datetime.now(datetime.timezone.utc).isoformat()
     print(f"tick ran at {now}")
     return now
+
+
+@app.task_queue(cpu=0.25, memory="128Mi", ttl=5, max_containers=1, concurrency=1, timeout=120)
+def single(seconds):
+    import time
+
+    time.sleep(seconds)
+    return seconds
