@@ -122,7 +122,7 @@ class App:
 
         return register_task_queue(self, func, options)
 
-    def schedule(self, cron: str, /, *, timezone: str = "UTC", catch_up: bool = True, **options: Any) -> Any:
+    def schedule(self, cron: str, *, timezone: str = "UTC", catch_up: bool = True, **options: Any) -> Any:
         """Run a function on a cron ("*/5 * * * *") in a time zone, each run a task; a tick missed while
         the platform was down runs once when it is back (catch_up=False: skipped)."""
         from levers9.task_queues import register_schedule

@@ -110,6 +110,17 @@ def schedule_options(cron: Any, timezone: Any, catch_up: Any) -> dict[str, Any]:
     except (ZoneInfoNotFoundError, ValueError, TypeError):
         raise ConfigError(f"timezone {timezone!r} is not valid: use a tz database name, e.g. 'Europe/Berlin' or "
                           "'UTC'") from None
+    try:  # where cronsim is installed (the caller's machine, not a bare container), the whole expression
+        from cronsim import CronSim, CronSimError
+    except ImportError:
+        pass
+    else:
+        import datetime
+
+        try:
+            CronSim(cron, datetime.datetime(2026, 1, 1, tzinfo=ZoneInfo(timezone)))
+        except (CronSimError, ValueError) as exc:
+            raise ConfigError(f"cron {cron!r} is not valid: {exc}; e.g. '*/5 * * * *'") from None
     if not isinstance(catch_up, bool):
         raise ConfigError(f"catch_up {catch_up!r} is not valid: use True (a missed tick runs once) or False (skip it)")
     return {"cron": cron, "timezone": timezone, "catch_up": catch_up}

@@ -59,7 +59,7 @@ async def put_task(name: str, request: Request, caller: User, gw: Gateway) -> di
         retry_backoff=options.retry_backoff, timeout_seconds=float(dep.spec.timeout_seconds),
         callback_url=options.callback_url, token_id=caller.token_id)
     await gw.bus.publish(envelope(event, workspace=caller.workspace, id=task_id))
-    return {"task_id": task_id, "status": "queued", "queue": dep.name}
+    return {"task_id": task_id, "id": task_id, "status": "queued", "queue": dep.name}
 
 
 @router.get("/api/v1/tasks/{task_id}")

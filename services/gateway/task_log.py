@@ -57,7 +57,7 @@ def view(loaded: Loaded) -> dict:
     s = loaded.state
     enq = s.enqueued
     assert enq is not None
-    out: dict = {"task_id": s.task_id, "queue": enq.queue, "deployment_id": s.deployment_id, "function": enq.function,
+    out: dict = {"task_id": s.task_id, "id": s.task_id, "queue": enq.queue, "deployment_id": s.deployment_id, "function": enq.function,
                  "status": s.status, "attempt": s.attempt, "retries": enq.retries, "enqueued_at": enq.enqueued_at,
                  "ttl": enq.ttl_seconds, "schedule_id": enq.schedule_id, "tick": enq.tick,
                  "updated_at": loaded.occurred_at}
