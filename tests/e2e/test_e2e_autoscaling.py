@@ -1,7 +1,8 @@
 """The autoscaler end to end on the lane's shared stack (`shared_env`, tests/e2e/conftest.py):
 min_containers=1 keeps one container ready with no call ever made, a killed one is replaced, the
-reason of each start and stop is in the log, `deployments scale --min 0` lets it go, and a bad
-combination is refused with the field named. Conditions are waited on with generous ceilings."""
+reason of each start and stop is in the log, `deployments scale --buffer 1` adds an idle one and
+`--min 0 --buffer 0` lets them go, a bad combination is refused with the field named, and two
+scheduler replicas start the minimum once. Conditions are waited on with generous ceilings."""
 
 from __future__ import annotations
 
@@ -64,7 +65,7 @@ def test_min_containers_keeps_one_warm_with_no_call_and_replaces_it(env):
     wait_until(lambda: len(live(env)) == 1, timeout=CEILING)  # one, not two: the minimum is one
 
 
-def test_scale_to_zero_at_run_time_and_bad_combinations_name_the_field(env):
+def test_scale_at_run_time_buffer_then_zero_and_bad_combinations_name_the_field(env):
     ready_one(env)
     bad = api(env, "POST", "/api/v1/deployments/warm/scale", json={"min": 3})
     assert bad.status_code == 422 and "min_containers" in bad.text, bad.text
@@ -72,7 +73,9 @@ def test_scale_to_zero_at_run_time_and_bad_combinations_name_the_field(env):
     assert as_other_workspace(env, "POST", "/api/v1/deployments/warm/scale", json={"min": 0}).status_code == 404
     refused = cli(env, "deployments", "scale", "warm", "--target-concurrency", "5", check=False)
     assert refused.returncode != 0 and "target_concurrency" in refused.stdout + refused.stderr
-    cli(env, "deployments", "scale", "warm", "--min", "0")
+    cli(env, "deployments", "scale", "warm", "--buffer", "1")  # one idle beside the minimum
+    wait_until(lambda: len([c for c in live(env) if c["status"] == "ready"]) == 2, timeout=CEILING)
+    cli(env, "deployments", "scale", "warm", "--min", "0", "--buffer", "0")
     wait_until(lambda: not live(env), timeout=CEILING)  # idle past its 2 s window, no minimum: stopped
     stops = [e["data"]["reason"] for e in replayed(env, "ContainerStopRequested")
              if e["data"]["reason"].startswith("autoscaler: ")]
