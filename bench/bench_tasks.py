@@ -104,8 +104,10 @@ def latency(stack, n: int) -> dict:
         task_id = stack.http.post("/taskqueue/btask", json={"args": [x]}).json()["task_id"]
         while stack.http.get(f"/api/v1/tasks/{task_id}").json()["status"] not in ("succeeded", "failed"):
             time.sleep(0.01)  # waiting for this task to end before the next
-        events = stack.http.get("/api/v1/events", params={"aggregate": "task", "aggregate_id": task_id}).json()
-        at = {e["type"]: e["occurred_at"] for e in events}
+        at: dict[str, str] = {}
+        while not {"TaskStarted", "TaskEnqueued"} <= set(at):  # the event list is projected a moment later
+            events = stack.http.get("/api/v1/events", params={"aggregate": "task", "aggregate_id": task_id}).json()
+            at = {e["type"]: e["occurred_at"] for e in events}
         gaps.append(seconds(at["TaskStarted"]) - seconds(at["TaskEnqueued"]))
     return percentiles([g * 1000 for g in gaps])
 
@@ -137,22 +139,36 @@ def kill_twice(stack, ids_expected: int, base_done: int) -> dict:
             "failed": count(stack, "failed")}
 
 
+def profile(py_spy: str, pid: int):
+    import subprocess
+    out = Path(__file__).resolve().parent / "results" / "tasks_gateway_profile.txt"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    log(f"py-spy on the gateway (pid {pid}) -> {out}")
+    return subprocess.Popen([py_spy, "record", "-p", str(pid), "-f", "raw", "-o", str(out), "-r", "50"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tasks", type=int, default=3000)
     ap.add_argument("--latency", type=int, default=50)
     ap.add_argument("--killed", type=int, default=300)
+    ap.add_argument("--profile", default="", help="py-spy binary: record the gateway while the tasks drain")
     args = ap.parse_args()
     with running_stack() as stack:
         stack.deploy(APP, "bench_tasks")
         ids, _ = asyncio.run(put_many(stack.gateway_url, stack.token, 1, clients=1))
         wait_count(stack, "succeeded", 1, timeout=300)
         began = time.monotonic()
+        spy = profile(args.profile, stack.pid("gateway")) if args.profile else None
         ids, put_s = asyncio.run(put_many(stack.gateway_url, stack.token, args.tasks))
         enqueue_rate = len(ids) / put_s
         log(f"enqueued {len(ids)} tasks in {put_s:.2f} s: {enqueue_rate:.0f}/s")
         wait_count(stack, "succeeded", 1 + args.tasks, timeout=900)
         done_rate = args.tasks / (time.monotonic() - began)
+        if spy is not None:
+            spy.send_signal(2)
+            spy.wait(60)
         log(f"completed {args.tasks} tasks at {done_rate:.0f}/s")
         lat = latency(stack, args.latency)
         log(f"enqueue -> start on a warm container: {lat}")
