@@ -6,8 +6,9 @@ The rules, in this order:
 1. the floor is `min_containers`, raised by the warm schedule's current minimum (the entry whose
    latest tick at or before now is the newest);
 2. the load needs ceil(calls / target_concurrency) containers for its calls (waiting and in flight;
-   `concurrency` stays the hard cap the gateway enforces per container) plus
-   ceil(queued tasks / tasks_per_container) for its tasks;
+   `concurrency` stays the hard cap the gateway enforces per container), or for a task queue
+   ceil(tasks not started / tasks_per_container) when that is more (the larger, not the sum: a task
+   a runner took waits for its sandbox as a call, and is not started until it has one);
 3. desired = max(floor, need), plus `buffer_containers` idle ones while there is any load or
    floor (a deployment with neither scales to zero), never above `max_containers`;
 4. fewer live containers than desired: start the difference (live counts those still starting, so
@@ -107,7 +108,7 @@ def needed(scaling: Scaling, load: Load) -> tuple[int, str]:
         parts.append(f"{calls} calls ({load.waiting} waiting) at target_concurrency={scaling.target}")
     if for_tasks:
         parts.append(f"{load.queued_tasks} queued tasks at tasks_per_container={load.tasks_per_container}")
-    return for_calls + for_tasks, " and ".join(parts)
+    return max(for_calls, for_tasks), " and ".join(parts)
 
 
 def desired_of(scaling: Scaling, load: Load, now: dt.datetime) -> tuple[int, str]:

@@ -65,6 +65,8 @@ def test_max_containers_is_never_exceeded_and_a_lowered_max_stops_idle_ones_at_o
 def test_tasks_per_container():
     s = Scaling(max_containers=10)
     assert decide(s, [], Load(queued_tasks=7, tasks_per_container=3), NOW).start == 3
+    # tasks a runner took wait for a sandbox as calls too: the larger need counts, not the sum
+    assert decide(s, [], Load(waiting=3, queued_tasks=3, tasks_per_container=1), NOW).start == 3
 
 
 def test_the_warm_schedule_latest_tick_wins_in_its_time_zone():
