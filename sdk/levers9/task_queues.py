@@ -17,7 +17,6 @@ import functools
 import json
 import time
 from typing import Any, Callable
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from levers9.options import ConfigError
 
@@ -105,6 +104,10 @@ def schedule_options(cron: Any, timezone: Any, catch_up: Any) -> dict[str, Any]:
     if not isinstance(cron, str) or len(cron.split()) != 5:
         raise ConfigError(f"cron {cron!r} is not valid: use five fields (minute hour day month weekday), "
                           "e.g. '*/5 * * * *'")
+    # imported here, not with the module: zoneinfo reads sysconfig at import, which an app without a
+    # schedule should not pay for (nor depend on) inside its container (test_sdk_functions)
+    from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
     try:
         ZoneInfo(timezone)
     except (ZoneInfoNotFoundError, ValueError, TypeError):

@@ -26,7 +26,7 @@ ALLOWED = [re.compile(f"^{p}$") for p in (
     "deployments", f"deployments/{SEGMENT}/stats", "containers", f"containers/{SEGMENT}",
     f"containers/{SEGMENT}/logs", "checkpoints", "images", f"images/{SEGMENT}", f"images/{SEGMENT}/events",
     "workers", "volumes", "secrets", "tokens", "calls", f"calls/{SEGMENT}", "events", "catalogues",
-    "whoami")]
+    "tasks", f"tasks/{SEGMENT}", "schedules", "whoami")]
 KEPT_HEADERS = ("content-type", "x-total-count", "x-next-before", "cache-control")
 SECRET_FIELDS = ("name", "updated_at", "created_at")  # never a value, whatever the gateway answers
 
@@ -97,6 +97,11 @@ async def worker_action(worker_id: str, action: str, request: Request) -> JSONRe
         await signed_in(request)
         return JSONResponse({"detail": f"unknown action {action!r}: cordon, drain or uncordon"}, status_code=404)
     return await act(request, f"/api/v1/workers/{worker_id}/{action}", worker_id)
+
+
+@router.post("/api/tasks/{task_id}/cancel")
+async def cancel_task(task_id: str, request: Request) -> JSONResponse:
+    return await act(request, f"/api/v1/tasks/{task_id}/cancel", task_id)
 
 
 @router.post("/api/calls/{call_id}/cancel")

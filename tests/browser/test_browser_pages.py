@@ -187,7 +187,7 @@ def test_every_page_renders_without_a_script_error(page, site):
     errors: list[str] = []
     page.on("pageerror", lambda err: errors.append(str(err)))
     pages = {"Overview": "Overview", "Deployments": "Deployments", "Containers": "Containers",
-             "Function calls": "Function calls", "Images": "Images", "Checkpoints": "Checkpoints",
+             "Function calls": "Function calls", "Tasks": "Tasks", "Images": "Images", "Checkpoints": "Checkpoints",
              "Workers": "Workers", "Event log": "Event log", "Volumes": "Volumes", "Secrets": "Secrets",
              "Tokens": "Tokens"}
     for link, heading in pages.items():
@@ -227,6 +227,28 @@ def test_an_image_builds_log_streams_line_by_line_from_its_events(page, site):
                                                                "lines": ["linking levers9"]})
     expect(log).to_contain_text("linking levers9")  # live, without a reload
     assert log.inner_text().count("compiling a.c") == 1 and "tail only" not in log.inner_text()
+
+
+def test_tasks_appear_live_and_one_is_cancelled_and_schedules_show_their_next_runs(page, site):
+    row = {"workspace": "ws-a", "task_id": "t-1", "deployment_id": "tq-v1", "queue": "square", "function": "a.square",
+           "status": "running", "attempt": 1, "reason": "", "enqueued_at": now_iso(), "updated_at": now_iso()}
+    site.gw.tasks["t-b"] = {**row, "workspace": "ws-b", "task_id": "t-b", "queue": "theirs"}
+    site.gw.schedules.append({"workspace": "ws-a", "name": "minutely", "deployment_id": "m-v1", "cron": "* * * * *",
+                              "timezone": "Europe/Berlin", "catch_up": True, "next_runs": ["2026-12-06T08:00:00+01:00"],
+                              "last_tick": "", "last_task_id": ""})
+    goto(page, site.url + "/tasks/")
+    expect(page.get_by_role("table", name="schedules")).to_contain_text("Europe/Berlin")
+    expect(page.get_by_role("table", name="tasks")).to_contain_text("no tasks")  # another workspace's: not listed
+    site.gw.tasks["t-1"] = row
+    site.append("ws-a", "TaskStarted", "task", "t-1", {"task_id": "t-1"})
+    tasks = page.get_by_role("table", name="tasks")
+    expect(tasks).to_contain_text("square")  # live, without a reload
+    page.once("dialog", lambda d: d.accept())
+    tasks.get_by_role("button", name="cancel").click()
+    expect(page.get_by_role("status").filter(has_text="asked")).to_be_visible()
+    assert ("ws-a", "/api/v1/tasks/t-1/cancel") in site.gw.posts
+    goto(page, site.url + "/task/?id=t-b")
+    expect(page.get_by_test_id("not-found")).to_contain_text("Task t-b was not found")
 
 
 def test_stop_from_the_page_sends_the_csrf_header(page, site):

@@ -43,6 +43,8 @@ class FakeGateway:
         self.secrets: dict[str, list[dict[str, Any]]] = {}
         self.logs: dict[str, str] = {}
         self.images: dict[str, dict[str, Any]] = {}  # image_id -> build row (with workspace)
+        self.tasks: dict[str, dict[str, Any]] = {}  # task_id -> row (with workspace), as GET /api/v1/tasks lists it
+        self.schedules: list[dict[str, Any]] = []  # (with workspace)
         self.posts: list[tuple[str, str]] = []  # (workspace, path) of every change asked
         self.stream_opens: list[tuple[str, int | None]] = []  # (workspace, after) of each /events/stream
         self.appended = asyncio.Condition()
@@ -197,6 +199,35 @@ class FakeGateway:
             if row is None or row["workspace"] != gw.caller(request):
                 raise HTTPException(404, f"no image {image_id!r}")
             return row
+
+        @app.get("/api/v1/tasks")
+        async def tasks(request: Request, status: str = "", queue: str = "", limit: int = 100,
+                        offset: int = 0) -> dict[str, Any]:
+            ws = gw.caller(request)
+            rows = [t for t in gw.tasks.values() if t["workspace"] == ws and (not status or t["status"] == status)
+                    and (not queue or t["queue"] == queue)]
+            return {"tasks": rows[offset:offset + limit], "total": len(rows), "limit": limit, "offset": offset}
+
+        @app.get("/api/v1/tasks/{task_id}")
+        async def one_task(task_id: str, request: Request) -> dict[str, Any]:
+            row = gw.tasks.get(task_id)
+            if row is None or row["workspace"] != gw.caller(request):
+                raise HTTPException(404, f"no task {task_id!r}")
+            return {**row, "retries": 0, "ttl": 0, "enqueued_at": 1_700_000_000.0}
+
+        @app.post("/api/v1/tasks/{task_id}/cancel")
+        async def cancel_task(task_id: str, request: Request) -> dict[str, Any]:
+            ws = gw.caller(request)
+            row = gw.tasks.get(task_id)
+            if row is None or row["workspace"] != ws:
+                raise HTTPException(404, f"no task {task_id!r}")
+            gw.posts.append((ws, request.url.path))
+            return {"task_id": task_id, "status": "cancelled"}
+
+        @app.get("/api/v1/schedules")
+        async def schedules(request: Request) -> dict[str, Any]:
+            ws = gw.caller(request)
+            return {"schedules": [s for s in gw.schedules if s["workspace"] == ws]}
 
         @app.get("/api/v1/events")
         async def events(request: Request, response: Response, type: str = "", aggregate: str = "",

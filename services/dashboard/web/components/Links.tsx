@@ -18,6 +18,10 @@ export function ImageLink({ id }: { id: string }) {
   return id ? <Link href={`/image/?id=${encodeURIComponent(id)}`} className="mono" title={id}>{shortId(id, 12)}</Link> : null;
 }
 
+export function TaskLink({ id, label }: { id: string; label?: string }) {
+  return id ? <Link href={`/task/?id=${encodeURIComponent(id)}`} className="mono" title={id}>{label ?? shortId(id)}</Link> : null;
+}
+
 export function CallLink({ id }: { id: string }) {
   return id ? <Link href={`/call/?id=${encodeURIComponent(id)}`} className="mono" title={id}>{shortId(id)}</Link> : null;
 }

@@ -14,6 +14,7 @@ const NAV: [string, string][] = [
   ["/deployments/", "Deployments"],
   ["/containers/", "Containers"],
   ["/calls/", "Function calls"],
+  ["/tasks/", "Tasks"],
   ["/images/", "Images"],
   ["/checkpoints/", "Checkpoints"],
   ["/workers/", "Workers"],
@@ -26,7 +27,7 @@ const NAV: [string, string][] = [
 /** Which nav entry a path belongs to: /container/?id= is under Containers. */
 function section(pathname: string): string {
   const singular: Record<string, string> = {
-    "/deployment/": "/deployments/", "/container/": "/containers/", "/call/": "/calls/",
+    "/deployment/": "/deployments/", "/container/": "/containers/", "/call/": "/calls/", "/task/": "/tasks/",
     "/image/": "/images/", "/chain/": "/log/",
   };
   return singular[pathname] ?? pathname;

@@ -26,6 +26,10 @@ export interface Deployment {
   status: string;
   created_at: string;
   spec?: Json;
+  /** live containers (requested … ready) */
+  containers?: number;
+  /** what the autoscaling policy wants now; null: not known to this gateway yet */
+  desired?: number | null;
 }
 
 export interface Container {
@@ -223,4 +227,56 @@ export interface Overview {
   pools: OverviewPool[];
   failures: OverviewFailure[];
   failures_note?: string;
+}
+
+/** A row of GET /api/v1/tasks (gateway.tasks). */
+export interface Task {
+  task_id: string;
+  deployment_id: string;
+  queue: string;
+  function: string;
+  /** queued | running | retrying | succeeded | failed | expired | cancelled */
+  status: string;
+  attempt: number;
+  reason: string;
+  schedule_id?: string;
+  tick?: string;
+  enqueued_at: string;
+  updated_at: string;
+}
+
+export interface TaskPage {
+  tasks: Task[];
+  total: number;
+  limit: number;
+  offset: number;
+}
+
+/** GET /api/v1/tasks/ID: the task as its events tell it. */
+export interface TaskDetail {
+  task_id: string;
+  queue: string;
+  function: string;
+  status: string;
+  attempt: number;
+  retries: number;
+  /** seconds since the epoch */
+  enqueued_at: number;
+  ttl: number;
+  tick?: string;
+  result?: unknown;
+  output?: string;
+  duration_ms?: number;
+  error?: { outcome: string; type: string; reason: string; traceback: string };
+}
+
+export interface Schedule {
+  name: string;
+  deployment_id: string;
+  cron: string;
+  timezone: string;
+  catch_up: boolean;
+  next_runs: string[];
+  last_tick: string;
+  last_task_id: string;
 }

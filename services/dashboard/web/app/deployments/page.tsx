@@ -1,5 +1,6 @@
 "use client";
-// Deployments: each name once, its latest version and state, how many versions it has had.
+// Deployments: each name once, its latest version and state, how many versions it has had, its live
+// containers against the autoscaler's desired count.
 import { ActionButton } from "@/components/ActionButton";
 import { DeploymentLink } from "@/components/Links";
 import { ErrorNote, Loading, StatusPill } from "@/components/Status";
@@ -10,8 +11,14 @@ import { byName } from "@/lib/deployments";
 import type { Deployment } from "@/lib/types";
 import { about, useResource } from "@/lib/useResource";
 
+/** "live / desired", as `levers9 deployments list` shows them. */
+function scale(d: Deployment): string {
+  if (d.containers === undefined) return "–";
+  return `${d.containers} / ${d.desired ?? "?"}`;
+}
+
 export default function DeploymentsPage() {
-  const { data, error } = useResource<Deployment[]>("/api/v1/deployments", {}, about(["deployment"]));
+  const { data, error } = useResource<Deployment[]>("/api/v1/deployments", {}, about(["deployment", "container"]));
   return (
     <>
       <h1>Deployments</h1>
@@ -25,6 +32,7 @@ export default function DeploymentsPage() {
             { title: "versions", cell: (d) => d.versions.length, className: "num" },
             { title: "status", cell: (d) => <StatusPill status={d.latest.status} /> },
             { title: "kind", cell: (d) => String(d.latest.spec?.kind ?? "") },
+            { title: "containers", cell: (d) => scale(d.latest), className: "num" },
             { title: "deployed", cell: (d) => <span title={timeOf(d.latest.created_at)}>{ago(d.latest.created_at)}</span> },
             {
               title: "",
