@@ -160,6 +160,7 @@ class ClientSettings:
 @dataclass(frozen=True)
 class GatewaySettings:
     max_body_bytes: int = setting("max_body_bytes", 16 * 1024 * 1024)
+    task_runners: int = setting("task_runners", 32)  # tasks one gateway runs at once (task_runner.py)
 
 
 @dataclass(frozen=True)
