@@ -154,8 +154,10 @@ def main() -> None:
     ap.add_argument("--latency", type=int, default=50)
     ap.add_argument("--killed", type=int, default=300)
     ap.add_argument("--profile", default="", help="py-spy binary: record the gateway while the tasks drain")
+    ap.add_argument("--keep-home", action="store_true",
+                    help="keep the stack's home (its logs: the gateway's task phases, task_timings.py)")
     args = ap.parse_args()
-    with running_stack() as stack:
+    with running_stack(keep_home=args.keep_home) as stack:
         stack.deploy(APP, "bench_tasks")
         ids, _ = asyncio.run(put_many(stack.gateway_url, stack.token, 1, clients=1))
         wait_count(stack, "succeeded", 1, timeout=300)

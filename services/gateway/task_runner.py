@@ -6,8 +6,10 @@ server hands it to another runner (this gateway's next life, or a replica) after
 task may therefore run twice (README says so); its outcome is recorded once, because every
 decision is appended with the task aggregate's expected last sequence (task_state.py explains why).
 
-Each of RUNNERS pulls one message at a time from one shared durable consumer, so a gateway runs at
-most RUNNERS tasks at once and replicas share the queue. A task runs through the same path as
+One work consumer per gateway pulls from a durable consumer shared by the replicas, in batches of
+what it has room for, and runs up to `task_runners` tasks at once (LEVERS9_TASK_RUNNERS). A task's first delivery is decided from
+the message itself (its own stream sequence is the task's expected last one; `assumed`), so a task
+costs no read of the log unless something else moved it meanwhile. A task runs through the same path as
 `POST /function/APP/NAME` (function_plans.plan_for, Calls.run): its deployment's router, its
 sandboxes, JSON arguments in and a JSON result out. The function's own retries are not used: a
 failed attempt becomes a TaskRetried, itself a message that waits for its `not_before`. The call
@@ -32,7 +34,7 @@ from typing import Awaitable, Callable, cast
 from levers9.contracts import envelope, subjects, uuid7
 from levers9.contracts import events as E
 from levers9.contracts.proto import functions_pb2 as pb
-from levers9.contracts.task_state import Attempted, TaskState, after_attempt, expired
+from levers9.contracts.task_state import Attempted, TaskState, after_attempt, expired, fold
 from levers9.runtime.bus import Appended, ConcurrencyConflict
 from levers9.runtime.consumer import Delivery, WorkConsumer
 
@@ -46,11 +48,11 @@ from .routes_functions import Collected
 from .state import Deployment
 from .state import Gateway as GatewayState
 from .task_gate import StartGate
+from .task_timings import Lap, Timings
 
 log = logging.getLogger("levers9.gateway.tasks")
 
 DURABLE = "gateway-tasks"
-RUNNERS = int(os.environ.get("LEVERS9_TASK_RUNNERS", "32"))  # tasks one gateway runs at once
 ACK_WAIT_S = 15.0  # a runner that died with a task: redelivered after this (in-progress beats keep it)
 MAX_DELIVER = 10
 CONFLICT_TRIES = 5
@@ -69,6 +71,7 @@ FILTERS = [subjects.filter_subject(aggregate="task", event_type=t.__name__)
 class StartGateArgs:
     deadline: float | None  # the task must start by then (its TTL); None: no limit (a retry)
     on_start: Callable[[str], Awaitable[int]]
+    lap: Lap
 
 
 class CallbackFailed(Exception):
@@ -84,18 +87,19 @@ class TaskRunner:
         # needs no read of the log (most outcomes come back to the runner that recorded them)
         self.no_callback: OrderedDict[str, None] = OrderedDict()
         self.deployments: dict[tuple[str, str], tuple[float, Deployment | None]] = {}
+        self.timings = Timings()
 
     async def run(self, stop: asyncio.Event) -> None:
-        consumers = [WorkConsumer(self.gw.bus, DURABLE, FILTERS,
-                                  handle=self.handle, batch=1, ack_wait=ACK_WAIT_S, max_deliver=MAX_DELIVER)
-                     for _ in range(RUNNERS)]
-        await asyncio.gather(*(c.run(stop) for c in consumers))
+        consumer = WorkConsumer(self.gw.bus, DURABLE, FILTERS, handle=self.handle, batch=self.gw.settings.gateway.task_runners,
+                                concurrency=self.gw.settings.gateway.task_runners, ack_wait=ACK_WAIT_S, max_deliver=MAX_DELIVER)
+        await consumer.run(stop)
 
     async def handle(self, d: Delivery) -> None:
         assert d.message is not None
         ev, env = d.message.event, d.message.envelope
         if isinstance(ev, (E.TaskEnqueued, E.TaskRetried)):
-            await self.drive(env.workspace, ev, env.correlation_id)
+            await self.drive(env.workspace, ev, env.correlation_id, d)
+            self.timings.maybe_log()
         elif isinstance(ev, TERMINAL):
             await self.callback(env.workspace, ev.task_id)
 
@@ -109,25 +113,51 @@ class TaskRunner:
 
     # ---- one task ---------------------------------------------------------------------------------
 
-    async def drive(self, workspace: str, ev: E.TaskEnqueued | E.TaskRetried, correlation: str) -> None:
+    async def drive(self, workspace: str, ev: E.TaskEnqueued | E.TaskRetried, correlation: str,
+                    d: Delivery | None = None) -> None:
         """Take the task one step on, from what the log says now; a conflict means someone moved it
         in the meantime: look again."""
-        for _ in range(CONFLICT_TRIES):
-            loaded = await task_log.load(self.gw.bus, workspace, ev.task_id)
+        for n in range(CONFLICT_TRIES):
+            lap = self.timings.lap()
+            loaded = await self.assumed(workspace, ev, d) if n == 0 else None
+            if loaded is None:
+                loaded = await task_log.load(self.gw.bus, workspace, ev.task_id)
+            lap.lap("read")
             if loaded is None or loaded.state.done:
                 return
             s = loaded.state
             if isinstance(ev, E.TaskEnqueued) and s.attempt > 1 or isinstance(ev, E.TaskRetried) and ev.attempt != s.attempt:
                 return  # an older message of the task: its latest TaskRetried drives it
             try:
-                await self.step(workspace, loaded, correlation)
+                await self.step(workspace, loaded, correlation, lap)
                 return
             except ConcurrencyConflict:
                 continue
         log.warning("task %s: the log kept moving under %d tries; its next message drives it", ev.task_id,
                     CONFLICT_TRIES)
 
-    async def step(self, workspace: str, loaded: task_log.Loaded, correlation: str) -> None:
+    async def assumed(self, workspace: str, ev: E.TaskEnqueued | E.TaskRetried, d: Delivery | None) -> task_log.Loaded | None:
+        """The task's state on the assumption that the message delivered is the aggregate's last event
+        (its first delivery: nothing moved the task since, almost always), read from the message
+        itself and its stream sequence: no read of the log for a TaskEnqueued, one (its TaskEnqueued)
+        for a TaskRetried. The assumption is checked where it matters: the next append expects that
+        sequence, so if anything came after it (a cancel, another runner's start) the append
+        conflicts and `drive` reads the log. None: read the log (a redelivery, or no message)."""
+        if d is None or d.num_delivered > 1 or d.message is None:
+            return None
+        occurred_at = d.message.envelope.occurred_at
+        if isinstance(ev, E.TaskEnqueued):
+            return task_log.Loaded(fold([ev]), d.seq, d.seq, occurred_at)
+        try:
+            first_subject = subjects.subject(workspace, "task", ev.task_id, "TaskEnqueued")
+        except ValueError:
+            return None
+        first = await task_log.last_message(self.gw.bus, first_subject)
+        if first is None:
+            return None
+        return task_log.Loaded(fold([first[1], ev]), d.seq, first[0], occurred_at)
+
+    async def step(self, workspace: str, loaded: task_log.Loaded, correlation: str, lap: Lap) -> None:
         s, enq = loaded.state, loaded.state.enqueued
         assert enq is not None
         now = time.time()
@@ -147,16 +177,21 @@ class TaskRunner:
                 reason=f"deployment {s.deployment_id} is stopped or deleted"), loaded.last_seq, correlation)
             return
         async def on_start(container_id: str) -> int:  # the router handed the call a slot: it starts now
+            lap.lap("slot")
             start = E.TaskStarted(task_id=s.task_id, deployment_id=s.deployment_id, attempt=s.attempt,
                                   container_id=container_id, runner=self.runner_id, retries_used=s.retries_used,
                                   platform_retries=s.platform_retries)
-            return (await self.append(workspace, start, loaded.last_seq, correlation)).seq
+            seq = (await self.append(workspace, start, loaded.last_seq, correlation)).seq
+            lap.lap("started")
+            return seq
 
         deadline = enq.enqueued_at + enq.ttl_seconds if s.status == "queued" else None
-        done, gate = await self.attempt(workspace, dep, s, correlation, StartGateArgs(deadline, on_start))
+        done, gate = await self.attempt(workspace, dep, s, correlation, StartGateArgs(deadline, on_start, lap))
+        lap.lap("call")
         if gate is not None and gate.conflict:
             raise ConcurrencyConflict(f"task {s.task_id}", loaded.last_seq, "it moved on while waiting for a sandbox")
         await self.record(workspace, s, done, gate, loaded.last_seq, correlation)
+        lap.lap("outcome")
 
     async def record(self, workspace: str, s: TaskState, done: Attempted, gate: StartGate | None, last_seq: int,
                      correlation: str) -> None:
@@ -193,6 +228,7 @@ class TaskRunner:
                                   pb.FunctionRef(app=dep.spec.app_name, name=dep.name), "", "task", correlation)
         except TargetError as exc:
             return Attempted(ok=False, kind="failed", reason=str(exc)), None
+        starting.lap.lap("plan")
         gate = StartGate(plan.router, starting.deadline, starting.on_start)
         plan.router = cast(DeploymentRouter, gate)
         plan.header = {**plan.header, "json": True, "generator": False, "timeout": enq.timeout_seconds}

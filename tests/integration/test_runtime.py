@@ -331,6 +331,52 @@ async def test_work_consumer_keeps_slow_messages_in_hand_and_a_dead_holders_come
     assert (await bus.js.consumer_info(subjects.STREAM, f"die-{ws}")).config.ack_wait == 3.0
 
 
+async def test_a_concurrent_work_consumer_runs_up_to_its_concurrency_at_once_each_settled_alone(bus):
+    """concurrency N: up to N handlers at once from batched pulls, never more; a slow one is kept in
+    hand past the ack wait while the others are acked; a failing one is nak-ed alone and comes again."""
+    ws = new_ws()
+    seen: dict[str, int] = {}
+    running = peak = 0
+
+    async def handle(d):
+        nonlocal running, peak
+        cid = d.message.event.container_id
+        seen[cid] = seen.get(cid, 0) + 1
+        running += 1
+        peak = max(peak, running)
+        try:
+            await asyncio.sleep(3.0 if cid == "slow" else 0.4)
+            if cid == "flaky" and seen[cid] == 1:
+                raise RuntimeError("not yet")
+        finally:
+            running -= 1
+
+    stop = asyncio.Event()
+    consumer = WorkConsumer(bus, f"conc-{ws}", [f"levers9.{ws}.>"], handle=handle, ack_wait=2.0, batch=4,
+                            concurrency=4)
+    task = asyncio.create_task(consumer.run(stop))
+    names = ["slow", "flaky", *(f"c{i}" for i in range(10))]
+    began = time.monotonic()
+    for cid in names:
+        await bus.publish(envelope(E.ContainerRequested(container_id=cid), workspace=ws))
+
+    async def settled():
+        try:
+            info = await bus.js.consumer_info(subjects.STREAM, f"conc-{ws}")
+        except NotFoundError:
+            return False
+        return seen.get("slow") == 1 and seen.get("flaky") == 2 and info.num_ack_pending == 0 \
+            and info.num_pending == 0
+
+    await wait_for(settled, timeout=20)
+    took = time.monotonic() - began
+    stop.set()
+    await task
+    assert peak == 4
+    assert seen == {"slow": 1, "flaky": 2, **{f"c{i}": 1 for i in range(10)}}  # the slow one was never redelivered
+    assert took < 5.0  # one at a time: 3 + 11 x 0.4 s at least
+
+
 async def _ack_pending(bus, durable: str) -> bool:
     try:
         return (await bus.js.consumer_info(subjects.STREAM, durable)).num_ack_pending > 0
