@@ -37,10 +37,16 @@ SCALED_KINDS = frozenset({"endpoint", "asgi"})
 
 def governed(spec: DeploymentSpec | None) -> bool:
     """Whether the autoscaler scales this deployment's containers (and the worker's idle rule leaves
-    them alone): endpoints, ASGI apps, task queues and scheduled functions. Other function sandboxes
-    (ad-hoc calls, sessions) keep the worker's keep-warm rule: a session's sandbox is one caller's."""
+    them alone): endpoints, ASGI apps, task queues, scheduled functions and deployed functions
+    (`levers9 deploy`: kind "function" naming its module and handler). An ad-hoc function's sandboxes
+    (kind "function" with no module: each call brings its function pickled) keep the worker's
+    keep-warm rule. So does a session's sandbox of a deployed function (ContainerRequested.session_id):
+    it carries its deployment's id but is one caller's own, so the autoscaler skips it and the worker
+    keeps its keep-warm for it (levers9.scheduler.autoscaler, levers9.worker.lifecycle.containers)."""
     if spec is None:
         return False
+    if spec.code.kind == "function" and spec.code.module and spec.code.handler:
+        return True
     return spec.code.kind in SCALED_KINDS or spec.task_queue is not None or spec.schedule is not None
 
 

@@ -185,8 +185,10 @@ class Sessions:
                                            scaledown_window=None,
                                            min_containers=0)
             kept = dataclasses.replace(dep, spec=msgspec.structs.replace(dep.spec, scaling=warm))
+            # session_id: this sandbox is the session's alone, though it carries the deployment's id (the
+            # autoscaler neither counts nor stops it; the worker keeps its keep-warm for it)
             event = msgspec.structs.replace(container_requested(kept, restore_choice(dep.spec, refs), uuid7()),
-                                            imports=imports)
+                                            imports=imports, session_id=session_id)
             self.gw.container_deployment[event.container_id] = f"session:{session_id}"
             await self.gw.publish(event, dep.workspace, correlation)
             return event.container_id

@@ -2,8 +2,10 @@
 
 The autoscaler (levers9.scheduler.autoscaler) decides from what calls wait and what each container
 serves; only the gateways know that. Each publishes one sample a second on
-`levers9load.<its id>`: per deployment (its router), the calls waiting and, per container, the
-calls in flight and when its last call ended. The autoscaler keeps the latest per gateway for a few
+`levers9load.<its id>`: per deployment (its router: an endpoint's or ASGI app's proxied calls, and a
+deployed function's calls, REST, Python or tasks, which take their sandboxes from the same router,
+function_plans.plan_for), the calls waiting and, per container, the calls in flight and when its
+last call ended. The autoscaler keeps the latest per gateway for a few
 seconds and sums them; a gateway that stops publishing drops out. Level triggered: a lost sample is
 replaced by the next one. Sessions' routers are one caller's sandboxes, no deployment's load.
 """

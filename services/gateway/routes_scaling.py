@@ -70,7 +70,9 @@ async def container_counts(gw: GatewayState, workspace: str, deployments: list[d
     load: with several gateways the autoscaler's sum may be higher; null where the autoscaler does
     not scale the deployment) to each listed deployment."""
     rows = await gw.pool.fetch("SELECT deployment_id, count(*) AS n FROM gateway.containers WHERE workspace=$1 "
-                               "AND status NOT IN ('stopped','failed','stopping') GROUP BY deployment_id", workspace)
+                               "AND status NOT IN ('stopped','failed','stopping') "
+                               "AND COALESCE(request->>'session_id', '') = '' "  # a session's sandbox is its caller's
+                               "GROUP BY deployment_id", workspace)
     live = {r["deployment_id"]: r["n"] for r in rows}
     newest: dict[str, int] = {}
     for d in deployments:
@@ -85,7 +87,7 @@ async def container_counts(gw: GatewayState, workspace: str, deployments: list[d
         try:
             spec = spec_from_builtins(d["spec"])
             scaling = spec.scaling
-            if not governed(spec):  # ad-hoc and session sandboxes: the worker's keep-warm, no policy
+            if not governed(spec):  # ad-hoc function sandboxes: the worker's keep-warm, no policy
                 d["desired"] = None
                 continue
             if d["version"] < newest.get(d["name"], 0):  # as the autoscaler: an older version keeps none warm

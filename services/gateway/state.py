@@ -108,9 +108,11 @@ class Gateway(Service):
         self.session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=0, limit_per_host=0, keepalive_timeout=60),
             auto_decompress=False, timeout=aiohttp.ClientTimeout(total=None), skip_auto_headers=("User-Agent",))
-        for r in await self.pool.fetch("SELECT container_id, workspace, deployment_id, worker_id FROM gateway.containers "
+        for r in await self.pool.fetch("SELECT container_id, workspace, deployment_id, worker_id, "
+                                       "COALESCE(request->>'session_id', '') AS session_id FROM gateway.containers "
                                        "WHERE status NOT IN ('stopped', 'failed')"):
-            self.container_deployment[r["container_id"]] = route_key(r["workspace"], r["deployment_id"])
+            self.container_deployment[r["container_id"]] = container_route(r["workspace"], r["deployment_id"],
+                                                                           r["session_id"])
             self.container_worker[r["container_id"]] = r["worker_id"]
 
     async def on_stop(self) -> None:
@@ -140,7 +142,8 @@ class Gateway(Service):
 
     async def route_event(self, ev: E.Event, workspace: str) -> None:
         if isinstance(ev, E.ContainerRequested):  # a session's sandbox is mapped to its session's router first
-            self.container_deployment.setdefault(ev.container_id, route_key(workspace, ev.deployment_id))
+            self.container_deployment.setdefault(ev.container_id,
+                                                 container_route(workspace, ev.deployment_id, ev.session_id))
         container_id = getattr(ev, "container_id", "")
         if foreign_report(self.container_worker.get(container_id, ""), ev):
             log.warning("ignored %s of container %s from worker %s: it is placed on %s", type(ev).__name__,
@@ -209,6 +212,13 @@ def route_key(workspace: str, deployment_id: str) -> str:
     """A deployment's router: deployment ids (`<name>-v<N>`) repeat across workspaces, so a router keyed
     by the id alone sent one workspace's calls to another's containers of the same name."""
     return f"{workspace}/{deployment_id}"
+
+
+def container_route(workspace: str, deployment_id: str, session_id: str) -> str:
+    """The router a container serves: its session's (`session:<id>`, on the gateway that holds the
+    session; none elsewhere, so another gateway never lends it to the deployment's calls), or its
+    deployment's."""
+    return f"session:{session_id}" if session_id else route_key(workspace, deployment_id)
 
 
 def row_json(record: Any, *jsonb: str) -> dict[str, Any]:

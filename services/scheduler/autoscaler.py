@@ -1,6 +1,9 @@
 """The one place the autoscaling policy is applied: level triggered, every second and whenever a
-deployment's scaling changes, for every deployment it governs (endpoints, ASGI apps, task queues
-and scheduled functions: levers9.contracts.autoscaling.governed).
+deployment's scaling changes, for every deployment it governs (endpoints, ASGI apps, task queues,
+scheduled and deployed functions: levers9.contracts.autoscaling.governed). A function session's
+sandbox (its request names a session_id) carries its deployment's id but is one caller's own: it
+is neither counted as the deployment's container nor stopped here (the gateway's session sweep
+stops it, the worker's keep-warm as the backstop).
 
 A pass, per deployment:
 1. its containers from the scheduler's memory (their status), when each became ready (Fleet), what
@@ -113,7 +116,7 @@ class Autoscaler:
         samples = self.fleet.fresh(now)
         by_deployment: dict[Key, list[Container]] = {}
         for c in self.memory.containers.values():
-            if c.request is not None and c.request.deployment_id:
+            if c.request is not None and c.request.deployment_id and not c.request.session_id:
                 by_deployment.setdefault((c.workspace, c.request.deployment_id), []).append(c)
         for key, dep in list(self.fleet.deployments.items()):
             if not dep.active:  # the gateway stopped what it knew; a start that crossed its stop goes too

@@ -281,7 +281,7 @@ class Placer:
         ev = E.ContainerScheduled(container_id=c.container_id, worker_id=p.worker_id, attempt=r.attempt,
                                   deployment_id=r.deployment_id, deployment_version=r.deployment_version,
                                   resources=r.resources, spec=spec, checkpoint=d.checkpoint, note=d.note,
-                                  choice=d.choice)
+                                  choice=d.choice, session_id=r.session_id)
         env = envelope(ev, workspace=c.workspace, correlation_id=c.correlation_id)
         try:
             ack = await self.append(env, c.last_seq)

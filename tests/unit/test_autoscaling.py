@@ -163,3 +163,18 @@ def test_a_deployed_spec_refuses_bad_scaling_with_the_field_named():
                            ({"max_containers": 2, "warm_schedule": {"0 8 * * *": 3}}, "warm_schedule")]:
         with pytest.raises(InvalidSpec, match=field):
             decode_spec(json.dumps({**base, "scaling": scaling}))
+
+
+def test_governed_deployments_include_deployed_functions_not_ad_hoc_sandboxes():
+    from levers9.contracts.autoscaling import governed
+    from levers9.contracts.spec import Code, DeploymentSpec
+    from levers9.contracts.task_spec import TaskQueueOptions
+
+    def spec(kind: str, module: str = "m", handler: str = "h", **kw) -> DeploymentSpec:
+        return DeploymentSpec(name="x", code=Code(kind=kind, module=module, handler=handler), **kw)  # type: ignore[arg-type]
+
+    assert governed(spec("endpoint")) and governed(spec("asgi"))
+    assert governed(spec("function"))  # `levers9 deploy`: min_containers, buffer and scale-down apply
+    assert not governed(spec("function", module="", handler=""))  # an ad-hoc sandbox: the worker's keep-warm
+    assert governed(spec("function", module="", handler="", task_queue=TaskQueueOptions()))
+    assert not governed(None)

@@ -296,3 +296,24 @@ async def test_a_call_that_gives_up_while_its_request_is_sent_still_counts_that_
         await world.project_next()
     await settle(30)
     assert first.cancelled() and second.done() and second.result().container_id == "c0"
+
+
+async def test_a_session_sandbox_seen_from_another_gateway_is_not_lent_to_its_deployment_nor_reported():
+    """A session's sandbox carries its deployment's id (a deployed function's): a gateway that does
+    not hold the session maps it to no router, so it never serves the deployment's calls, and the
+    load sample reports the deployment's router (what the autoscaler scales on), never a session's."""
+    from levers9.gateway import load_report
+
+    world = fresh(concurrency=1, max_containers=2)
+    router = await world.gw.router_for(world.dep)
+    for ev in (E.ContainerRequested(container_id="s1", deployment_id="burst-v1", session_id="abc"),
+               E.ContainerReady(container_id="s1", worker_id="w1", address="http://s1:8000"),
+               E.ContainerRequested(container_id="c9", deployment_id="burst-v1", reason="autoscaler: min"),
+               E.ContainerReady(container_id="c9", worker_id="w1", address="http://c9:8000")):
+        await world.gw.route_event(ev, "default")
+    assert list(router.containers) == ["c9"]
+    world.gw.routers["session:abc"] = DeploymentRouter("session:abc", 1, max_containers=1)
+    slot = await router.acquire(1e6, world.request_container)
+    sample = load_report.sample("g1", world.gw.routers)
+    assert list(sample["deployments"]) == [KEY]
+    assert sample["deployments"][KEY]["containers"] == {"c9": [1, 0.0]} and slot.container_id == "c9"

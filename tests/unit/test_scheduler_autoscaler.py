@@ -1,6 +1,7 @@
 """The scheduler's autoscaler shell (levers9.scheduler.autoscaler) over a fake log that enforces
 expected sequences: min_containers started with its reason, a dead one replaced, two replicas
-never starting the same container twice, idle ones stopped after the window, DeploymentScaled applied."""
+never starting the same container twice, idle ones stopped after the window, DeploymentScaled applied,
+a deployed function scaled as an endpoint while its sessions' sandboxes are neither counted nor stopped."""
 
 from __future__ import annotations
 
@@ -147,10 +148,10 @@ def test_a_task_queue_scales_on_its_waiting_tasks():
     started = requests(a.memory)
     assert len(started) == 3 and "5 queued tasks at tasks_per_container=2" in started[0].request.reason
     a.fleet.fold(log.put(E.TaskStarted(task_id="t0", deployment_id="jobs-v1", attempt=1, runner="g")))
-    session = DeploymentSpec(name="adhoc", code=Code(kind="function", module="m", handler="h"),
-                             scaling=Scaling(min_containers=1))
-    a.fleet.fold(log.put(E.DeploymentCreated(deployment_id="adhoc-v1", name="adhoc", spec=session)))
-    assert ("acme", "adhoc-v1") not in a.fleet.deployments  # plain function sandboxes: the worker's rule
+    adhoc = DeploymentSpec(name="fn-abc", code=Code(kind="function", module="", handler=""),
+                           scaling=Scaling(min_containers=1))
+    a.fleet.fold(log.put(E.DeploymentCreated(deployment_id="fn-abc-v1", name="fn-abc", spec=adhoc)))
+    assert ("acme", "fn-abc-v1") not in a.fleet.deployments  # ad-hoc function sandboxes: the worker's rule
 
 
 def test_a_container_started_across_its_deployments_stop_is_stopped_too():
@@ -164,3 +165,38 @@ def test_a_container_started_across_its_deployments_stop_is_stopped_too():
     a.fleet.fold(log.put(E.DeploymentStopped(deployment_id="web-v1")))
     asyncio.run(a.run_pass())
     assert a.memory.containers[c.key].status == "stopping" and requests(a.memory) == []
+
+
+def test_a_deployed_function_is_kept_warm_and_its_sessions_sandbox_is_neither_counted_nor_stopped():
+    log, now = Log(), [1_000_000.0]
+    a = scaler(log, clock=lambda: now[0])
+    fn = DeploymentSpec(name="zscore", code=Code(kind="function", module="stats", handler="zscore"),
+                        scaling=Scaling(min_containers=1, max_containers=2, scaledown_window=2))
+    a.fleet.fold(log.put(E.DeploymentCreated(deployment_id="zscore-v1", name="zscore", spec=fn)))
+    session = log.put(E.ContainerRequested(container_id="s1", deployment_id="zscore-v1", spec=fn, session_id="abc",
+                                           reason="function call"))
+    a.memory.apply(session, log.seq)
+    a.memory.apply(log.put(E.ContainerReady(container_id="s1", worker_id="w1", address="http://s")), log.seq)
+    a.fleet.ready_at[("acme", "s1")] = now[0]
+    asyncio.run(a.run_pass())
+    [c] = requests(a.memory)  # the session's ready sandbox is not the deployment's: the minimum is started
+    assert c.container_id == autoscaled_id("acme", "zscore-v1", 0) and not c.request.session_id
+    assert c.request.reason.startswith("autoscaler: min_containers=1")
+    a.memory.apply(log.put(E.ContainerReady(container_id=c.container_id, worker_id="w1", address="http://x")),
+                   log.seq)
+    a.fleet.ready_at[c.key] = now[0]
+    a.fleet.fold(log.put(E.DeploymentScaled(deployment_id="zscore-v1", min_containers=0)))
+    now[0] += 60
+    a.fleet.sampled("g1", {"gateway": "g1", "deployments": {}}, now[0])
+    asyncio.run(a.run_pass())
+    assert a.memory.containers[c.key].status == "stopping"  # idle past its window, no minimum: scaled down
+    assert a.memory.containers[("acme", "s1")].status == "ready" and a.counters["stopped"] == 1  # the session's
+
+
+
+def test_events_from_before_the_session_field_decode_as_no_session():
+    ev = E.ContainerRequested(container_id="c", deployment_id="d-v1", session_id="abc")
+    assert msgspec.json.decode(msgspec.json.encode(ev), type=E.ContainerRequested).session_id == "abc"
+    old = msgspec.json.encode({"container_id": "c", "worker_id": "w"})  # from before the field: no session
+    assert msgspec.json.decode(old, type=E.ContainerScheduled).session_id == ""
+    assert msgspec.json.decode(msgspec.json.encode({"container_id": "c"}), type=E.ContainerRequested).session_id == ""

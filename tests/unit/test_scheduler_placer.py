@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import random
 
+import msgspec
 import pytest
 from scheduler_helpers import WS, registered, requested
 
@@ -224,9 +225,12 @@ async def test_one_scheduler_places_a_large_backlog_and_every_placement_carries_
 async def test_a_lost_workers_containers_are_requested_again_and_placed_elsewhere_and_its_slots_freed():
     log = FakeLog(random.Random(2))
     publish_fleet(log, 2, cpu=1000)
-    log._add(envelope(requested("c0", cpu=600), workspace=WS))
+    # a session's sandbox: its placement names the session, again after its worker is lost (the worker
+    # keeps its keep-warm for it though its deployment is autoscaled)
+    log._add(envelope(msgspec.structs.replace(requested("c0", cpu=600), session_id="s1"), workspace=WS))
     await run_schedulers(log, 1, lambda: len(log.events("ContainerScheduled")) == 1, seed=2)
     [(_, first)] = log.events("ContainerScheduled")
+    assert first.session_id == "s1"
     log._add(envelope(E.WorkerLost(worker_id=first.worker_id), workspace=SYS))
     await run_schedulers(log, 1, lambda: len(log.events("ContainerScheduled")) == 2
                          and len(log.events("WorkerSlotReleased")) == 1, seed=3)
@@ -234,7 +238,7 @@ async def test_a_lost_workers_containers_are_requested_again_and_placed_elsewher
     assert again.attempt == 2 and again.excluded_workers == []
     assert again.resources.cpu_millicores == 600
     second = log.events("ContainerScheduled")[-1][1]
-    assert second.worker_id != first.worker_id and second.attempt == 2
+    assert second.worker_id != first.worker_id and second.attempt == 2 and second.session_id == "s1"
     [(_, released)] = log.events("WorkerSlotReleased")
     assert released.worker_id == first.worker_id and released.container_id == "c0"
 

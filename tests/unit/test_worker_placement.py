@@ -33,6 +33,16 @@ def test_running_takes_keep_warm_from_the_spec():
     assert Running("c", "w", "", "corr", 0.0).keep_warm_seconds == 0
 
 
+def test_the_autoscaler_stops_a_deployed_functions_sandbox_the_keep_warm_a_sessions_or_an_ad_hoc_one():
+    from levers9.worker.lifecycle.containers import autoscaled
+
+    deployed = spec(code=Code(kind="function", module="stats", handler="zscore"))
+    adhoc = spec(code=Code(kind="function", module="", handler=""))
+    assert autoscaled(Running("c", "w", "d", "corr", 0.0, spec=deployed))
+    assert not autoscaled(Running("c", "w", "d", "corr", 0.0, spec=deployed, session_id="s1"))
+    assert not autoscaled(Running("c", "w", "d", "corr", 0.0, spec=adhoc))
+
+
 def test_a_redelivered_placement_is_stale_a_new_one_is_not():
     seen = Overtaken()
     assert seen.stale("c", 10) is None

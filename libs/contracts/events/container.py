@@ -31,6 +31,11 @@ class ContainerRequested(Event, frozen=True, kw_only=True):
     excluded_workers: list[str] = []
     note: str = ""  # why it starts cold, when it does (shown by `levers9 containers list`)
     imports: list[str] = []  # a function's top-level imports (the client's ast), for the checkpoint choice
+    # the function session (`app.session()`) this sandbox is for alone, "" for none: it carries its
+    # deployment's id but is one caller's own, so the autoscaler neither counts nor stops it (the
+    # gateway's session sweep does, the worker's keep-warm as the backstop). Optional with a default:
+    # events from before it decode as no session
+    session_id: str = ""
 
     @property
     def checkpoint_id(self) -> str:
@@ -53,6 +58,10 @@ class ContainerScheduled(Event, frozen=True, kw_only=True):
     checkpoint: CheckpointRef | None = None  # restore this one; None: start cold
     note: str = ""
     choice: dict[str, Any] = {}  # a function sandbox's start, as the cost model chose it: estimate, runner-up
+    # the request's session_id, copied: the worker keeps its keep-warm rule for a session's sandbox
+    # of an autoscaled deployment (its backstop when the gateway that swept the session is gone).
+    # Optional with a default: placements from before it decode as no session
+    session_id: str = ""
 
     @property
     def checkpoint_id(self) -> str:

@@ -8,9 +8,11 @@ ready, stopped, watched for exits, and stopped when idle or when the worker drai
   address) or failed (ContainerFailed with the reason from the log).
 - A monitor loop notices containers that exit or run out of memory, stops function sandboxes idle for
   their keep-warm (the rule is levers9.worker.lifecycle.idle; a session's sandbox lives by it), or
-  every one when the worker drains. Endpoints, ASGI apps, task queues and scheduled functions are
-  scaled by the scheduler's autoscaler alone (levers9.contracts.autoscaling.governed): it appends
-  ContainerStopRequested with its reason, which the worker obeys.
+  every one when the worker drains. Endpoints, ASGI apps, task queues, scheduled and deployed
+  functions are scaled by the scheduler's autoscaler alone (levers9.contracts.autoscaling.governed):
+  it appends ContainerStopRequested with its reason, which the worker obeys. A session's sandbox of
+  a deployed function (its placement names a session_id) is not the autoscaler's: the worker's
+  keep-warm stays its backstop should the gateway that sweeps idle sessions be gone.
 
 `Containers` is also the read-only mapping of the live containers (id -> Running) that the routes,
 the heartbeat and the restart report read. It is given the narrow parts it uses (`ContainerParts`),
@@ -102,7 +104,7 @@ class Containers(Mapping[str, Running]):
         background (the consumer goes on)."""
         c = Running(ev.container_id, env.workspace, ev.deployment_id, env.correlation_id, time.time(), spec=ev.spec,
                     deployment_version=ev.deployment_version, memory_mib=ev.resources.memory_mib,
-                    scheduled_seq=seq)
+                    scheduled_seq=seq, session_id=ev.session_id)
         if ev.spec is None:  # a bare container request, or a placement from before the spec travelled
             why = NOTHING_TO_RUN if not ev.deployment_id else \
                 f"nothing to run: the placement of deployment {ev.deployment_id} carries no spec"
@@ -277,7 +279,7 @@ class Containers(Mapping[str, Running]):
         if draining:
             await self.stop(c, f"worker {self.parts.worker_id} drained")
             return
-        if governed(c.spec):
+        if autoscaled(c):
             return  # the scheduler's autoscaler stops these (ContainerStopRequested with its reason)
         try:
             status = (await client.get(f"{c.address}/_levers9/status")).json()
@@ -287,6 +289,13 @@ class Containers(Mapping[str, Running]):
                                c.keep_warm_seconds)
         if why:
             await self.stop(c, why)
+
+
+def autoscaled(c: Running) -> bool:
+    """Whether the scheduler's autoscaler stops this container when idle, not the worker's keep-warm:
+    its deployment is governed, and it is not a session's sandbox (one caller's own, of the same
+    deployment: the autoscaler skips it)."""
+    return governed(c.spec) and not c.session_id
 
 
 def _json(r: httpx.Response) -> dict[str, Any]:

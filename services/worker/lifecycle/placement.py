@@ -41,6 +41,7 @@ class Running:
     ready_at: float | None = None
     stopping: bool = False
     restored_from: str = ""
+    session_id: str = ""  # the function session it is for alone (ContainerScheduled.session_id), "" for none
     task: asyncio.Task | None = field(default=None, repr=False)
 
     @property
