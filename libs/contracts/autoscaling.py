@@ -16,7 +16,8 @@ The rules, in this order:
 5. more than desired: stop idle ready ones (nothing in flight) that have been idle for
    `scaledown_window`, the longest idle first, down to desired; above `max_containers` (the user
    lowered it) idle ones stop at once. A busy or starting container is never stopped, and nothing is
-   stopped while the load is not known (no gateway reported): a call might be in flight.
+   stopped while the load is not known (no gateway reported): a call might be in flight;
+6. after containers failed before they were ready, starts wait out a back-off (`crash_backoff_s`).
 """
 
 from __future__ import annotations
@@ -90,6 +91,7 @@ class Decision:
     start: int  # containers to start now
     start_reason: str  # "" when none
     stop: tuple[Stop, ...] = ()
+    held_s: float = 0.0  # > 0: starts were due but wait this long yet for the crash back-off (rule 6)
 
 
 def ceil_div(a: int, b: int) -> int:
@@ -132,11 +134,26 @@ def desired_of(scaling: Scaling, load: Load, now: dt.datetime) -> tuple[int, str
     return base, why
 
 
-def decide(scaling: Scaling, boxes: Sequence[Box], load: Load, now: dt.datetime) -> Decision:
-    """The containers to start and to stop now (level triggered: the same inputs, the same answer)."""
+def crash_backoff_s(failures: int) -> float:
+    """Rule 6: after `failures` containers in a row failed before they were ready, the autoscaler
+    starts none until this long after the last failure: 5 s, doubling, at most 5 min (Kubernetes'
+    CrashLoopBackOff). A broken app is not restarted in a tight loop, and a start asked for by a load
+    sample older than the failure (its call failed with the container) is not made. Calls still
+    start containers themselves (the gateway's fast path), so a caller always sees the reason."""
+    if failures <= 0:
+        return 0.0
+    return min(300.0, 5.0 * 2 ** min(failures - 1, 10))
+
+
+def decide(scaling: Scaling, boxes: Sequence[Box], load: Load, now: dt.datetime,
+           held_until: float = 0.0) -> Decision:
+    """The containers to start and to stop now (level triggered: the same inputs, the same answer).
+    `held_until`: unix seconds before which nothing is started (rule 6)."""
     desired, why = desired_of(scaling, load, now)
     live = [b for b in boxes if b.status in LIVE and not b.stopping]
     if len(live) < desired:  # rule 4
+        if now.timestamp() < held_until:
+            return Decision(desired, len(live), 0, "", held_s=held_until - now.timestamp())
         return Decision(desired, len(live), desired - len(live), f"{why} ({len(live)} live)")
     return Decision(desired, len(live), 0, "", stops(scaling, live, desired, load, now.timestamp()))
 

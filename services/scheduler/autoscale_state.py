@@ -21,7 +21,7 @@ import msgspec
 
 from levers9.contracts import Message
 from levers9.contracts import events as E
-from levers9.contracts.autoscaling import Load, governed, rescale, superseded, tasks_per_container
+from levers9.contracts.autoscaling import Load, crash_backoff_s, governed, rescale, superseded, tasks_per_container
 from levers9.contracts.spec import CheckpointRef, DeploymentSpec, Scaling
 from levers9.contracts.task_state import QueueDepth
 
@@ -52,10 +52,17 @@ class Governed:
     checkpoints: list[CheckpointRef] = field(default_factory=list)  # stored ones, newest first
     requested: int = 0  # the autoscaler's requests seen in the log (the next id's index)
     superseded: bool = False  # a newer version of the name was deployed: nothing kept warm for this one
+    failures: int = 0  # its containers that failed in a row before they were ready
+    failed_at: float = 0.0  # when the last of them failed (the event's time: the same in every replica)
 
     @property
     def policy(self) -> Scaling:
         return superseded(self.scaling) if self.superseded else self.scaling
+
+    @property
+    def held_until(self) -> float:
+        """No start before this (unix seconds): the crash back-off after failed starts."""
+        return self.failed_at + crash_backoff_s(self.failures) if self.failures else 0.0
 
 
 @dataclass
@@ -66,6 +73,7 @@ class Fleet:
     stored: dict[str, Key] = field(default_factory=dict)  # checkpoint id -> its deployment
     samples: dict[str, tuple[float, dict]] = field(default_factory=dict)  # gateway -> (received, its sample)
     queues: dict[str, QueueDepth] = field(default_factory=dict)  # workspace -> its task queues' depth
+    owner: dict[Key, Key] = field(default_factory=dict)  # a live container of a governed deployment -> it
 
     def fold(self, msg: Message) -> None:
         ev, ws = msg.event, msg.envelope.workspace
@@ -76,13 +84,32 @@ class Fleet:
         elif ev.AGGREGATE == "task":
             self.queues.setdefault(ws, QueueDepth()).apply(ev)
         elif isinstance(ev, E.ContainerRequested):
-            dep = self.deployments.get((ws, ev.deployment_id))
-            if dep is not None and ev.reason.startswith(REASON_PREFIX):
-                dep.requested += 1
+            self._requested(ws, ev)
         elif isinstance(ev, E.ContainerReady):
             self.ready_at[(ws, ev.container_id)] = occurred(msg)
+            dep = self.deployments.get(self.owner.get((ws, ev.container_id), ("", "")))
+            if dep is not None:
+                dep.failures = 0
         elif isinstance(ev, (E.ContainerStopped, E.ContainerFailed)):
-            self.ready_at.pop((ws, ev.container_id), None)
+            self._ended(ws, ev, msg)
+
+    def _requested(self, ws: str, ev: E.ContainerRequested) -> None:
+        dep = self.deployments.get((ws, ev.deployment_id))
+        if dep is None:
+            return
+        if ev.reason.startswith(REASON_PREFIX):
+            dep.requested += 1
+        if not ev.session_id:
+            self.owner[(ws, ev.container_id)] = (ws, ev.deployment_id)
+
+    def _ended(self, ws: str, ev: E.ContainerStopped | E.ContainerFailed, msg: Message) -> None:
+        """A container that failed before it was ready counts toward the crash back-off."""
+        key = (ws, ev.container_id)
+        was_ready = self.ready_at.pop(key, None) is not None
+        dep = self.deployments.get(self.owner.pop(key, ("", "")))
+        if dep is not None and isinstance(ev, E.ContainerFailed) and not was_ready:
+            dep.failures += 1
+            dep.failed_at = occurred(msg)
 
     def _deployment(self, ws: str, ev: E.Event) -> None:
         key = (ws, ev.aggregate_id)

@@ -9,7 +9,8 @@ A pass, per deployment:
 1. its containers from the scheduler's memory (their status), when each became ready (Fleet), what
    the gateways report of its calls (waiting, in flight per container, last used) and its task
    queue's waiting tasks (folded from the task events);
-2. `levers9.contracts.autoscaling.decide` says how many to start and which idle ones to stop;
+2. `levers9.contracts.autoscaling.decide` says how many to start and which idle ones to stop (no
+   start while the deployment's crash back-off holds: its containers failed before they were ready);
 3. each start is a ContainerRequested whose reason starts with "autoscaler: ", appended expecting
    no event yet on a container id derived from the count of the autoscaler's earlier requests of
    that deployment (`autoscaled_id`): two replicas that decide the same start collide on the same
@@ -67,6 +68,7 @@ class Autoscaler:
         self.started_at = clock()
         self.next_index: dict[Key, int] = {}
         self.desired: dict[Key, int] = {}
+        self.holding: set[Key] = set()  # deployments whose starts wait for the crash back-off (logged once)
         self.counters = {"started": 0, "stopped": 0, "conflicts": 0}
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -127,8 +129,14 @@ class Autoscaler:
                 continue
             load, per = self.fleet.load_of(samples, dep)
             boxes = [self.box(c, per) for c in by_deployment.get(key, [])]
-            d = decide(dep.policy, boxes, load, dt.datetime.fromtimestamp(now, dt.timezone.utc))
+            d = decide(dep.policy, boxes, load, dt.datetime.fromtimestamp(now, dt.timezone.utc), dep.held_until)
             self.desired[key] = d.desired
+            if not d.held_s:
+                self.holding.discard(key)
+            if d.held_s and key not in self.holding:
+                self.holding.add(key)
+                log.info("autoscaler: %s/%s holds %d start(s) %.0f s more: %d failed before ready in a row",
+                         dep.workspace, dep.name, d.desired - d.live, d.held_s, dep.failures)
             for _ in range(d.start):
                 if not await self.start(dep, d.start_reason):
                     break

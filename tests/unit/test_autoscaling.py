@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from levers9.contracts.autoscaling import LIVE, Box, Load, decide, desired_of, starts_for_waiting
+from levers9.contracts.autoscaling import LIVE, Box, Load, crash_backoff_s, decide, desired_of, starts_for_waiting
 from levers9.contracts.spec import InvalidSpec, Scaling, decode_spec
 from levers9.contracts.warm_schedule import scheduled_minimum
 
@@ -29,6 +29,24 @@ def test_min_containers_are_kept_warm_with_no_traffic_and_started_again():
     assert decide(s, [Box("a", "failed")], Load(), NOW).start == 1  # one died: replaced
     assert decide(s, [ready("a", idle_for=3600)], Load(), NOW).start == 0  # kept, never stopped
     assert decide(s, [ready("a", idle_for=3600)], Load(), NOW).stop == ()
+
+
+def test_failed_starts_back_off_doubling_to_five_minutes_and_hold_only_starts():
+    assert crash_backoff_s(0) == 0 and crash_backoff_s(1) == 5 and crash_backoff_s(2) == 10
+    assert crash_backoff_s(7) == 300 and crash_backoff_s(10_000) == 300
+    s = Scaling(min_containers=2, max_containers=3, scaledown_window=60)
+    held = decide(s, [Box("a", "failed")], Load(), NOW, held_until=T + 4)
+    assert (held.start, held.desired, held.held_s) == (0, 2, 4) and held.start_reason == ""
+    assert decide(s, [Box("a", "failed")], Load(), NOW, held_until=T).start == 2  # the back-off is over
+    over = [ready(c, idle_for=3600) for c in "abcd"]
+    assert len(decide(s, over, Load(), NOW, held_until=T + 60).stop) == 2  # stops are not held
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(0, 60), st.integers(0, 60))
+def test_the_back_off_never_shrinks_with_more_failures(a: int, b: int) -> None:
+    lo, hi = sorted((a, b))
+    assert 0 <= crash_backoff_s(lo) <= crash_backoff_s(hi) <= 300
 
 
 def test_scale_to_zero_after_the_window_only():

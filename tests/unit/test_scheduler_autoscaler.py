@@ -79,6 +79,37 @@ def test_min_containers_started_once_with_the_reason_and_replaced_when_it_dies()
     assert again.container_id == autoscaled_id("acme", "web-v1", 1)
 
 
+def test_containers_that_fail_before_ready_back_off_the_next_start_and_a_ready_one_resets_it():
+    log, now = Log(), [1_000_000.0]
+    a = scaler(log, clock=lambda: now[0])
+    deploy(log, a, min_containers=1, max_containers=2)
+
+    def fail_the_request() -> None:
+        [c] = requests(a.memory)
+        a.fleet.fold(Message(*_env(c.request)))
+        failed = log.put(E.ContainerFailed(container_id=c.container_id, reason="ModuleNotFoundError: yaml"))
+        a.memory.apply(failed, log.seq)
+        a.fleet.fold(failed)
+
+    asyncio.run(a.run_pass())
+    fail_the_request()
+    dep = a.fleet.deployments[("acme", "web-v1")]
+    now[0] = dep.failed_at + 4  # within the first 5 s: nothing started, the failed app is not restarted
+    a.fleet.sampled("g1", {"gateway": "g1", "deployments": {}}, now[0])
+    asyncio.run(a.run_pass())
+    assert requests(a.memory) == [] and ("acme", "web-v1") in a.holding
+    now[0] = dep.failed_at + 5
+    asyncio.run(a.run_pass())
+    fail_the_request()  # the second in a row: 10 s
+    assert dep.failures == 2 and dep.held_until == dep.failed_at + 10
+    now[0] = dep.failed_at + 10
+    asyncio.run(a.run_pass())
+    [c] = requests(a.memory)
+    a.fleet.fold(Message(*_env(c.request)))
+    a.fleet.fold(log.put(E.ContainerReady(container_id=c.container_id, worker_id="w1", address="http://x")))
+    assert dep.failures == 0 and dep.held_until == 0
+
+
 def test_two_replicas_never_start_the_same_container_twice():
     log = Log()
     a, b = scaler(log), scaler(log)
