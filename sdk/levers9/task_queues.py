@@ -1,5 +1,5 @@
 """Task queues and schedules in the SDK: `@app.task_queue(...)`, `@app.schedule(cron, ...)`,
-`TaskQueue.put(...)` and `TaskHandle.result(timeout)`.
+`TaskQueue.put(...)`, `TaskQueue.put_many(iterable, ...)` and `TaskHandle.result(timeout)`.
 
 A task queue is a deployed function whose calls are tasks: `put` appends one to the log through
 `POST /taskqueue/NAME` and returns its id at once; the platform runs it at least once (a task whose
@@ -16,21 +16,24 @@ from __future__ import annotations
 import functools
 import json
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from levers9.options import ConfigError
 
 QUEUE_OPTIONS = ("retries", "retry_backoff", "ttl", "tasks_per_container", "callback_url")
 ENDED = ("succeeded", "failed", "expired", "cancelled")
 POLL_S = (0.05, 0.1, 0.2, 0.5, 1.0)
+BATCH = 500  # tasks per request of put_many (the gateway takes up to 1,000)
 
 
 class TaskApiError(Exception):
     """The gateway refused or could not be reached: the message says what failed and why."""
 
-    def __init__(self, message: str, status: int | None = None):
+    def __init__(self, message: str, status: int | None = None, body: Any = None):
         super().__init__(message)
         self.status = status
+        self.body = body  # the gateway's JSON answer, when it sent one
+        self.enqueued: list[TaskHandle] = []  # put_many: the tasks that were enqueued before it failed
 
 
 class _Api:
@@ -58,10 +61,11 @@ class _Api:
                 from None
         if r.status_code >= 400:
             try:
-                detail = r.json().get("detail", "")
-            except ValueError:
-                detail = r.text[:200]
-            raise TaskApiError(f"{what} failed: the gateway answered {r.status_code}: {detail}", r.status_code)
+                body = r.json()
+                detail = body.get("detail", "")
+            except (ValueError, AttributeError):
+                body, detail = None, r.text[:200]
+            raise TaskApiError(f"{what} failed: the gateway answered {r.status_code}: {detail}", r.status_code, body)
         return r.json()
 
 
@@ -197,6 +201,47 @@ class TaskQueue:
         answer = api.call("POST", f"/taskqueue/{self.name}", f"putting a task on {self.name!r} (deployed? "
                           "`levers9 deployments list`)", content=body, headers={"Content-Type": "application/json"})
         return TaskHandle(answer["task_id"], api)
+
+    def put_many(self, *iterables: Any, **kwargs: Any) -> list[TaskHandle]:
+        """Enqueue one task per element, like `map`: `q.put_many(range(100))` puts q(0) ... q(99); several
+        iterables are zipped into positional arguments; the keyword arguments are the same for every
+        task. Sent BATCH tasks per request (`POST /taskqueue/NAME/batch`); returns the handles in order.
+        On a failure, TaskApiError's `enqueued` holds the handles of the tasks that were enqueued."""
+        api: _Api | None = None
+        handles: list[TaskHandle] = []
+        for chunk in task_batches(iterables, kwargs, BATCH):  # read now: a caller may set BATCH
+            api = api or _Api()
+            try:
+                answer = api.call("POST", f"/taskqueue/{self.name}/batch", f"putting {len(chunk)} tasks on "
+                                  f"{self.name!r} (deployed? `levers9 deployments list`)", content=chunk,
+                                  headers={"Content-Type": "application/json"})
+            except TaskApiError as exc:
+                done = exc.body.get("task_ids", []) if isinstance(exc.body, dict) else []
+                exc.enqueued = handles + [TaskHandle(t, api) for t in done]
+                raise
+            handles += [TaskHandle(t, api) for t in answer["task_ids"]]
+        return handles
+
+
+def task_batches(iterables: tuple[Any, ...], kwargs: dict[str, Any], size: int = BATCH) -> Iterator[str]:
+    """The JSON bodies of put_many: arrays of at most `size` tasks, each `{"args": [...], "kwargs": {...}}`."""
+    if not iterables:
+        raise TypeError("put_many takes at least one iterable of arguments, e.g. q.put_many(range(10))")
+    try:
+        same = json.dumps(kwargs)
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"a task's arguments travel as JSON: {exc}") from None
+    chunk: list[str] = []
+    for args in zip(*iterables, strict=False):  # like map: as many tasks as the shortest has
+        try:
+            chunk.append(f'{{"args": {json.dumps(list(args))}, "kwargs": {same}}}')
+        except (TypeError, ValueError) as exc:
+            raise TypeError(f"a task's arguments travel as JSON: {exc}") from None
+        if len(chunk) == size:
+            yield "[" + ", ".join(chunk) + "]"
+            chunk = []
+    if chunk:
+        yield "[" + ", ".join(chunk) + "]"
 
 
 class Scheduled:

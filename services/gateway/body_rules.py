@@ -42,6 +42,8 @@ def body_rule(method: str, path: str, *, code_limit: int, file_limit: int, call_
         return BodyRule(CATALOGUE_LIMIT, True, "a catalogue")
     if path.startswith("/function/"):
         return BodyRule(call_limit, True, "a function call's arguments")
+    if path.startswith("/taskqueue/") and path.endswith("/batch") and path.count("/") == 3:
+        return BodyRule(call_limit, True, "a batch of tasks (each task's arguments also at most 256 KiB)")
     if path.startswith("/taskqueue/"):
         return BodyRule(TASK_PAYLOAD_LIMIT, True, "a task's arguments")
     return BodyRule(API_JSON_LIMIT, True, "a JSON body of the API")

@@ -4,7 +4,8 @@
 `@app.task_queue`) and answers 202 with the task id at once; the gateway's task runner
 (task_runner.py) runs it. Its arguments are the body, as for `POST /function/APP/NAME`, held to
 TASK_PAYLOAD_LIMIT (413) so that the TaskEnqueued fits one message of the log. A task of another
-workspace, like an unknown queue, answers 404.
+workspace, like an unknown queue, answers 404. `POST /taskqueue/NAME/batch` puts up to 1,000 tasks
+in one request (task_batch.py), each item held to what a single put takes.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any
 
 from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import JSONResponse
+from msgspec import structs
 
 from levers9.contracts import envelope, subjects, uuid7
 from levers9.contracts import events as E
@@ -25,11 +27,14 @@ from levers9.runtime.bus import ConcurrencyConflict
 from . import task_log
 from .auth import User
 from .body_rules import TASK_PAYLOAD_LIMIT
+from .callers import Caller
 from .deps import Gateway
 from .event_rules import BadQuery, parse_int
 from .function_targets import TargetError, deployed
 from .routes_functions import arguments
-from .state import row_json
+from .state import Deployment, row_json
+from .state import Gateway as GatewayState
+from .task_batch import BatchRefused, payloads, publish_all
 from .views_tasks import TASK_STATES
 
 router = APIRouter()
@@ -42,24 +47,64 @@ async def put_task(name: str, request: Request, caller: User, gw: Gateway) -> di
     body = await request.body()
     if len(body) > TASK_PAYLOAD_LIMIT:
         raise HTTPException(413, f"the task's arguments are {len(body)} bytes; the limit is {TASK_PAYLOAD_LIMIT}")
+    dep = await task_queue(gw, caller, name)
+    task_id = uuid7()
+    await gw.bus.publish(envelope(enqueued(dep, caller, task_id, arguments(body).decode()), workspace=caller.workspace,
+                                  id=task_id))
+    return {"task_id": task_id, "id": task_id, "status": "queued", "queue": dep.name}
+
+
+@router.post("/taskqueue/{name}/batch", status_code=202)
+async def put_tasks(name: str, request: Request, caller: User, gw: Gateway) -> Any:
+    """A JSON array of tasks (at most 1,000), each what `POST /taskqueue/NAME` takes; 202 with their
+    ids in the array's order. 503 when some could not be appended: its `task_ids` are the ones that
+    were (the others are in `unconfirmed`: they may or may not be), so nothing is lost unsaid."""
+    body = await request.body()
+    if len(body) > gw.settings.gateway.max_body_bytes:
+        raise HTTPException(413, f"the body is {len(body)} bytes; the limit is {gw.settings.gateway.max_body_bytes}")
+    try:
+        args = payloads(body, TASK_PAYLOAD_LIMIT)
+    except BatchRefused as exc:
+        raise HTTPException(exc.status, exc.detail) from None
+    dep = await task_queue(gw, caller, name)
+    template = enqueued(dep, caller, "", "")
+    by_id = {uuid7(): a for a in args}
+
+    async def publish(task_id: str) -> object:
+        event = structs.replace(template, task_id=task_id, payload=by_id[task_id], enqueued_at=time.time())
+        return await gw.bus.publish(envelope(event, workspace=caller.workspace, id=task_id))
+
+    done = await publish_all(by_id, publish)
+    if done.failed:
+        return JSONResponse({"detail": f"{len(done.failed)} of the {len(by_id)} tasks could not be appended to the "
+                                       f"log ({done.failed[0][1]}); the {len(done.ids)} in task_ids were: put the "
+                                       "others again", "task_ids": done.ids, "unconfirmed": [t for t, _ in done.failed],
+                             "queue": dep.name}, status_code=503)
+    return {"task_ids": done.ids, "queue": dep.name}
+
+
+async def task_queue(gw: GatewayState, caller: Caller, name: str) -> Deployment:
+    """The active deployment of the task queue NAME in the caller's workspace; 404 if none."""
     dep = gw.deployments.get((caller.workspace, name, "latest"))  # cleared whenever a deployment event is projected
     if dep is None or dep.status != "active":
         try:
             dep = gw.deployments[(caller.workspace, name, "latest")] = await deployed(gw, caller.workspace, "", name)
         except TargetError:
             dep = None
-    options = dep.spec.task_queue if dep is not None else None
-    if dep is None or options is None or dep.spec.code.kind != "function":
+    if dep is None or dep.spec.task_queue is None or dep.spec.code.kind != "function":
         raise HTTPException(404, f"no task queue {name!r} in workspace {caller.workspace!r}: declare one with "
                                  "@app.task_queue() and deploy it with `levers9 deploy FILE`")
-    task_id = uuid7()
-    event = E.TaskEnqueued(
+    return dep
+
+
+def enqueued(dep: Deployment, caller: Caller, task_id: str, payload: str) -> E.TaskEnqueued:
+    options = dep.spec.task_queue
+    assert options is not None
+    return E.TaskEnqueued(
         task_id=task_id, deployment_id=dep.deployment_id, queue=dep.name, function=f"{dep.spec.app_name}.{dep.name}",
-        payload=arguments(body).decode(), enqueued_at=time.time(), ttl_seconds=options.ttl, retries=options.retries,
+        payload=payload, enqueued_at=time.time(), ttl_seconds=options.ttl, retries=options.retries,
         retry_backoff=options.retry_backoff, timeout_seconds=float(dep.spec.timeout_seconds),
         callback_url=options.callback_url, token_id=caller.token_id)
-    await gw.bus.publish(envelope(event, workspace=caller.workspace, id=task_id))
-    return {"task_id": task_id, "id": task_id, "status": "queued", "queue": dep.name}
 
 
 @router.get("/api/v1/tasks/{task_id}")

@@ -84,6 +84,18 @@ def put(env: dict, queue: str, *args: object, **kwargs: object) -> str:
     return r.json()["task_id"]
 
 
+def put_batch(env: dict, queue: str, items: list) -> list[str]:
+    r = api(env, "POST", f"/taskqueue/{queue}/batch", json=items)
+    assert r.status_code == 202 and r.json()["queue"] == queue, r.text
+    return r.json()["task_ids"]
+
+
+def running(env: dict, queue: str) -> set[str]:
+    r = api(env, "GET", "/api/v1/tasks", params={"queue": queue, "status": "running", "limit": 1000})
+    assert r.status_code == 200, r.text
+    return {t["task_id"] for t in r.json()["tasks"]}
+
+
 def task(env: dict, task_id: str) -> dict:
     r = api(env, "GET", f"/api/v1/tasks/{task_id}")
     assert r.status_code == 200, r.text
@@ -120,6 +132,24 @@ def test_tasks_put_over_rest_the_sdk_and_listed_by_the_cli_complete_with_their_r
     assert task_id in cli(env, "tasks", "list").stdout  # the table
     text = cli(env, "tasks", "show", task_id).stdout
     assert "status: succeeded" in text and "result: 9" in text and "squaring 3" in text
+
+
+def test_a_batch_is_enqueued_and_every_task_succeeds_once(env):
+    """`POST /taskqueue/NAME/batch` and the SDK's put_many (map-like, sent in chunks): every task runs
+    with its own arguments and has one outcome."""
+    ids = put_batch(env, "square", [{"args": [n]} for n in range(30)] + [{"x": 30}])
+    assert len(set(ids)) == 31
+    code = (f"import sys; sys.path.insert(0, {str(APPS)!r}); import tasks_app\n"
+            "from levers9 import task_queues; task_queues.BATCH = 4\n"  # 10 tasks: three requests
+            "hs = tasks_app.square.put_many(range(100, 110), delay=0.0)\n"
+            "print('IDS', ' '.join(hs)); print('RESULTS', [h.result(timeout=300) for h in hs])\n")
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=400)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"RESULTS {[n * n for n in range(100, 110)]}" in proc.stdout, proc.stdout
+    sdk_ids = next(line for line in proc.stdout.splitlines() if line.startswith("IDS ")).split()[1:]
+    done = {i: ended(env, i) for i in ids}
+    assert [done[i]["result"] for i in ids] == [n * n for n in range(31)]
+    assert outcomes_per_task(env, ids + sdk_ids) == Counter({i: 1 for i in ids + sdk_ids})
 
 
 def test_a_failing_task_is_retried_then_its_one_failure_is_recorded(env):
@@ -195,8 +225,10 @@ def test_tasks_survive_a_sigkill_and_each_is_recorded_once(env, victim):
     from levers9.runtime.config import Settings
     from levers9.stack import Stack
 
-    ids = [put(env, "square", n, delay=3) for n in range(12)]
-    wait_until(lambda: sum(task(env, i)["status"] == "running" for i in ids) >= 2, timeout=RECOVERY_S, every=0.5)
+    # one batch, and one listing per look: twelve puts and twelve reads in turn, at ~0.35 s each on a
+    # loaded machine, took longer than the tasks run (3 s), so "two running at once" was never seen
+    ids = put_batch(env, "square", [{"args": [n], "kwargs": {"delay": 3}} for n in range(12)])
+    wait_until(lambda: len(running(env, "square") & set(ids)) >= 2, timeout=RECOVERY_S, every=0.2)
     Stack(Path(env["LEVERS9_HOME"]), Settings.load(env)).kill_service(victim)
     cli(env, "up")  # restarts what is not running
     done = {i: ended(env, i) for i in ids}
@@ -253,6 +285,18 @@ def test_bad_task_input_is_refused(env):
     assert api(env, "POST", "/taskqueue/no-such-queue", json={}).status_code == 404
     assert api(env, "POST", "/taskqueue/minutely-nope", json={}).status_code == 404
     assert api(env, "GET", f"/api/v1/tasks/{uuid.uuid4()}").status_code == 404
+    def square_enqueued() -> int:
+        return sum(e["type"] == "TaskEnqueued" and e["data"]["queue"] == "square" for e in task_events(env))
+
+    before = square_enqueued()
+    big = api(env, "POST", "/taskqueue/square/batch", json=[{"args": [1]}, {"args": ["x" * (300 << 10)]}])
+    assert big.status_code == 413 and "task 1 of the batch" in big.json()["detail"], big.text
+    for body, says in (([], "empty"), ({"args": [1]}, "JSON array"), ([{}] * 1001, "at most 1000"),
+                       ([{}, {"args": "no"}], "task 1 of the batch")):
+        r = api(env, "POST", "/taskqueue/square/batch", json=body)
+        assert r.status_code == 422 and says in r.json()["detail"], r.text
+    assert api(env, "POST", "/taskqueue/no-such-queue/batch", json=[{}]).status_code == 404
+    assert square_enqueued() == before  # a refused batch enqueues none of its tasks
 
 
 def test_another_workspace_s_task_is_not_found(env):
@@ -268,3 +312,4 @@ def test_another_workspace_s_task_is_not_found(env):
     assert httpx.get(f"{url}/api/v1/tasks/{task_id}", headers=headers, timeout=30).status_code == 404
     assert httpx.post(f"{url}/api/v1/tasks/{task_id}/cancel", headers=headers, timeout=30).status_code == 404
     assert httpx.post(f"{url}/taskqueue/square", headers=headers, json={}, timeout=30).status_code == 404
+    assert httpx.post(f"{url}/taskqueue/square/batch", headers=headers, json=[{}], timeout=30).status_code == 404
