@@ -7,6 +7,12 @@ then on the bytes are spliced both ways between that connection and a new connec
 sandbox's socket (the executor's hello comes first). A refusal is one wire frame
 `{"kind": "error", "error": "..."}` and the connection closes.
 
+A line with `"keep": true` keeps the gateway's connection for the next call: once the executor has
+closed its side (a call is one executor connection), the relay sends `{"kind": "relay-next"}` and
+reads the next line. The gateway sends that line only after the marker, so no byte of the next call
+is read by the previous splice. Why: a new TCP connection per call cost both processes an accept, a
+transport and a close on every task. A line without `keep` (a gateway of before) is served as one.
+
 The key is an HMAC of the container id under a secret this worker process draws at start, so a
 relay address (wire.relay_address, published in ContainerReady) opens that
 sandbox only, and none after the worker restarts.
@@ -35,6 +41,8 @@ log = logging.getLogger("levers9.worker.sandboxes.executor_relay")
 HEADER_LIMIT = 4096
 QUIET_TIMEOUT_S = 60.0
 HELLO_TIMEOUT_S = 5.0
+KEPT_IDLE_S = 120.0  # a kept connection with no next line: closed (the gateway's pool drops its own sooner)
+NEXT = wire.encode({"kind": "relay-next"})
 
 
 class Relay:
@@ -70,31 +78,42 @@ class Relay:
     async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.connections += 1
         try:
-            line = await asyncio.wait_for(reader.readline(), HELLO_TIMEOUT_S)
-            sock, refusal = self._target(line)
-            if sock is None:
-                writer.write(wire.encode({"kind": "error", "error": refusal}))
+            wait_s = HELLO_TIMEOUT_S
+            while (line := await asyncio.wait_for(reader.readline(), wait_s)) and await self._one(line, reader, writer):
+                writer.write(NEXT)
                 await writer.drain()
-                return
-            container_id = json.loads(line)["container_id"]
-            while container_id in self.paused:  # being dumped: wait for it
-                await self.paused[container_id].wait()
-            self.open[container_id] = self.open.get(container_id, 0) + 1
-            try:
-                up_reader, up_writer = await open_socket(sock, limit=1 << 20)
-            except OSError as exc:
-                writer.write(wire.encode({"kind": "error", "error": f"the sandbox's executor does not answer: {exc}"}))
-                await writer.drain()
-                return
-            else:
-                await splice(reader, writer, up_reader, up_writer)
-            finally:
-                self.open[container_id] -= 1
+                wait_s = KEPT_IDLE_S
         except (asyncio.TimeoutError, ConnectionError, asyncio.IncompleteReadError):
             pass
+        except asyncio.CancelledError:  # the worker stopping: a kept connection idles here; end quietly
+            pass                        # (asyncio logs a handler task that ends cancelled as an error)
         finally:
             self.connections -= 1
             writer.close()
+
+    async def _one(self, line: bytes, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
+        """One call: `line` names the sandbox. True when the connection may take the next call."""
+        sock, refusal = self._target(line)
+        if sock is None:
+            writer.write(wire.encode({"kind": "error", "error": refusal}))
+            await writer.drain()
+            return False
+        ask = json.loads(line)
+        container_id, keep = ask["container_id"], ask.get("keep") is True
+        while container_id in self.paused:  # being dumped: wait for it
+            await self.paused[container_id].wait()
+        self.open[container_id] = self.open.get(container_id, 0) + 1
+        try:
+            up_reader, up_writer = await open_socket(sock, limit=1 << 20)
+        except OSError as exc:
+            writer.write(wire.encode({"kind": "error", "error": f"the sandbox's executor does not answer: {exc}"}))
+            await writer.drain()
+            return False
+        else:
+            executor_ended = await splice(reader, writer, up_reader, up_writer)
+        finally:
+            self.open[container_id] -= 1
+        return keep and executor_ended and not reader.at_eof()
 
     def _target(self, line: bytes) -> tuple[Path | None, str]:
         try:
@@ -111,8 +130,9 @@ class Relay:
 
 
 async def splice(a_reader: asyncio.StreamReader, a_writer: asyncio.StreamWriter,
-                 b_reader: asyncio.StreamReader, b_writer: asyncio.StreamWriter) -> None:
-    """Copy both ways until either side closes; then close both (a call is one connection)."""
+                 b_reader: asyncio.StreamReader, b_writer: asyncio.StreamWriter) -> bool:
+    """Copy both ways until either side closes; then close b (the caller closes a). True when b (the
+    executor) ended first: with `keep`, a may then carry the next call."""
     async def pump(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
         try:
             while chunk := await src.read(1 << 16):
@@ -121,13 +141,14 @@ async def splice(a_reader: asyncio.StreamReader, a_writer: asyncio.StreamWriter,
         except (ConnectionError, asyncio.CancelledError):
             pass
 
-    tasks = [asyncio.create_task(pump(a_reader, b_writer)), asyncio.create_task(pump(b_reader, a_writer))]
-    await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    upstream = asyncio.create_task(pump(b_reader, a_writer))
+    tasks = [asyncio.create_task(pump(a_reader, b_writer)), upstream]
+    done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
     for t in tasks:
         t.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
     b_writer.close()
-
+    return upstream in done and b_reader.at_eof()
 
 async def open_socket(sock: Path, **kw: Any) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
     """Connect to the socket at `sock` itself, never to what a link there points at: its directory is
