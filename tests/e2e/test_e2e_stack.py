@@ -265,11 +265,12 @@ async def _position(database_url: str, schema: str, projection: str) -> int:
 def test_down_leaves_no_process_and_a_second_up_keeps_the_data(stack_env):
     home = Path(stack_env["LEVERS9_HOME"])
     before = cli(stack_env, "events", "replay", "--json").stdout.count("\n")
-    cli(stack_env, "down")
+    down = cli(stack_env, "down")
     assert processes_of(home) == []
     for name in SERVICES:  # SIGTERM is graceful: each finished its work in hand and said so
         log = (home / "logs" / f"{name}.log").read_text()
-        assert f'"msg": "{name} stopped"' in log.splitlines()[-1] or f'"{name} stopped"' in log, name
+        assert f'"msg": "{name} stopped"' in log.splitlines()[-1] or f'"{name} stopped"' in log, \
+            (name, down.stdout + down.stderr)
     status = cli(stack_env, "status", "--json", check=False)
     assert status.returncode == 1
     assert not any(c["healthy"] for c in json.loads(status.stdout)["components"])

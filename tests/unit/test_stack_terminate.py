@@ -52,3 +52,20 @@ def test_children_die_with_their_parent_unless_spared():
         for pid in (killed, spared):
             if alive(pid):
                 psutil.Process(pid).kill()
+
+
+def test_what_ignores_sigterm_past_the_timeout_is_killed_and_named():
+    stubborn = subprocess.Popen([sys.executable, "-c", "import signal, sys, time\n"
+                                 "signal.signal(signal.SIGTERM, signal.SIG_IGN); print('ready', flush=True)\n"
+                                 "time.sleep(60)"], stdout=subprocess.PIPE, text=True)
+    polite = subprocess.Popen([sys.executable, "-c", "import time; print('ready', flush=True); time.sleep(60)"],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        for p in (stubborn, polite):
+            assert p.stdout is not None and p.stdout.readline().strip() == "ready"  # its handler is set
+        assert terminate_all([stubborn.pid, polite.pid], 15, timeout=1) == [stubborn.pid]
+        assert stubborn.wait(5) == -9 and polite.wait(5) == -15
+    finally:
+        for p in (stubborn, polite):
+            if p.poll() is None:
+                p.kill()

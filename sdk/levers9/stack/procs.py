@@ -125,26 +125,31 @@ def terminate(pid: int, sig: int, timeout: float) -> None:
     terminate_all([pid], sig, timeout)
 
 
-def terminate_all(pids: list[int], sig: int, timeout: float, spare: frozenset[int] = frozenset()) -> None:
+def terminate_all(pids: list[int], sig: int, timeout: float, spare: frozenset[int] = frozenset()) -> list[int]:
     """Signal `pids` at once, wait up to `timeout`, then SIGKILL them and whatever they started
-    that is left, except the descendants in `spare` (the caller stops those its own way)."""
+    that is left, except the descendants in `spare` (the caller stops those its own way). Returns
+    those of `pids` that had to be killed."""
     children: list[int] = []
     for proc in filter(None, map(live_process, pids)):
         with contextlib.suppress(psutil.Error):
             children += [c.pid for c in proc.children(recursive=True) if c.pid not in spare]
             proc.send_signal(sig)
-    kill_survivors(pids, timeout)
+    killed = kill_survivors(pids, timeout)
     # children normally exit with their parent (postgres backends do); give them a moment
     kill_survivors(children, 2.0)
+    return killed
 
 
-def kill_survivors(pids: list[int], timeout: float) -> None:
-    """Wait up to `timeout` for `pids` to exit, then SIGKILL the rest and wait for them to go."""
-    if wait_gone(pids, timeout):
-        for pid in wait_gone(pids, 0):
+def kill_survivors(pids: list[int], timeout: float) -> list[int]:
+    """Wait up to `timeout` for `pids` to exit, then SIGKILL the rest and wait for them to go;
+    returns the killed ones."""
+    killed = wait_gone(pids, timeout)
+    if killed:
+        for pid in wait_gone(killed, 0):
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
         wait_gone(pids, 5.0)
+    return killed
 
 
 def wait_gone(pids: list[int], timeout: float) -> list[int]:

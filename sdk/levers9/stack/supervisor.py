@@ -67,7 +67,9 @@ class Stack:
     """The servers and services of one levers9 home on this machine."""
 
     ready_timeout = 30.0
-    stop_timeout = 10.0
+    # a service gets 20 s to finish the work in hand after SIGTERM (levers9.runtime.service), then
+    # stops its containers; on a loaded machine a process can also wait seconds for a core
+    stop_timeout = 30.0
 
     def __init__(self, home: Path, settings: Settings):
         self.files = Home(home)
@@ -348,7 +350,10 @@ class Stack:
             for name, pid in pids.items():
                 if pid is not None:
                     progress(f"{name}: stopping (pid {pid})")
-            terminate_all([pid for pid in pids.values() if pid is not None], signal.SIGTERM, timeout, spare)
+            killed = terminate_all([pid for pid in pids.values() if pid is not None], signal.SIGTERM, timeout, spare)
+            for name, pid in pids.items():
+                if pid in killed:
+                    progress(f"{name}: did not stop within {timeout:g} s of SIGTERM; killed (pid {pid})")
             state = self.read_state()
             for name, pid in pids.items():
                 if pid is not None:
