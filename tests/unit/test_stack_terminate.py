@@ -64,7 +64,7 @@ def test_what_ignores_sigterm_past_the_timeout_is_killed_and_named():
         for p in (stubborn, polite):
             assert p.stdout is not None and p.stdout.readline().strip() == "ready"  # its handler is set
         assert terminate_all([stubborn.pid, polite.pid], 15, timeout=1) == [stubborn.pid]
-        assert stubborn.wait(5) == -9 and polite.wait(5) == -15
+        assert not alive(stubborn.pid) and not alive(polite.pid)
     finally:
         for p in (stubborn, polite):
             if p.poll() is None:
