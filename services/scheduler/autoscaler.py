@@ -71,11 +71,15 @@ class Autoscaler:
         self.holding: set[Key] = set()  # deployments whose starts wait for the crash back-off (logged once)
         self.counters = {"started": 0, "stopped": 0, "conflicts": 0}
 
-    async def run(self, stop: asyncio.Event) -> None:
-        async def zero() -> int:
-            return 0
+    async def position(self) -> int:
+        """Where the replay reads on from: 0 at start; a resubscribe (every 30 s idle, or after a
+        reconnect) goes on from what was folded. From 1 again, a pass during the second replay would
+        see deleted deployments alive again, their requests not yet counted."""
+        return self.read_to
 
-        consumer = OrderedConsumer(self.bus, "scheduler-autoscaler", FILTERS, position=zero, handle=self.apply)
+    async def run(self, stop: asyncio.Event) -> None:
+        consumer = OrderedConsumer(self.bus, "scheduler-autoscaler", FILTERS, position=self.position,
+                                   handle=self.apply)
         self.caught_up_at = max([await self.bus.last_seq(f) for f in FILTERS])
         sub = await self.bus.nc.subscribe(f"{LOAD_SUBJECT}.>", cb=self.on_sample)
         reader = asyncio.create_task(consumer.run(stop))

@@ -83,13 +83,16 @@ class Schedules:
         self.live: dict[tuple[str, str], Scheduled] = {}
         self.created: dict[tuple[str, str], dt.datetime] = {}
         self.enqueued: set[str] = set()  # tick tasks known to be in the log
+        self.read_to = 0  # the last sequence folded
+
+    async def position(self) -> int:
+        """0 at start; a resubscribe (idle, reconnect) reads on from what was folded: from 1 again,
+        a deleted deployment's schedule would be live, and looked at, until the replay passed it."""
+        return self.read_to
 
     async def run(self, stop: asyncio.Event) -> None:
-        async def zero() -> int:
-            return 0
-
         consumer = OrderedConsumer(self.bus, "scheduler-schedules", [subjects.filter_subject(aggregate="deployment")],
-                                   position=zero, handle=self.apply)
+                                   position=self.position, handle=self.apply)
         reader = asyncio.create_task(consumer.run(stop))
         try:
             while not stop.is_set():
@@ -109,6 +112,8 @@ class Schedules:
         for d in batch:
             if d.message is not None:
                 fold(self.live, d.message, self.created)
+        if batch:
+            self.read_to = max(self.read_to, batch[-1].seq)
 
     async def look(self, s: Scheduled) -> None:
         assert s.spec.schedule is not None

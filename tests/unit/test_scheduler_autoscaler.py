@@ -14,6 +14,7 @@ from levers9.contracts import events as E
 from levers9.contracts.envelope import subject_of
 from levers9.contracts.spec import Code, DeploymentSpec, Scaling
 from levers9.runtime.bus import Appended, ConcurrencyConflict
+from levers9.runtime.consumer import Delivery
 from levers9.scheduler.autoscale_state import autoscaled_id
 from levers9.scheduler.autoscaler import Autoscaler
 from levers9.scheduler.memory import Memory
@@ -231,3 +232,15 @@ def test_events_from_before_the_session_field_decode_as_no_session():
     old = msgspec.json.encode({"container_id": "c", "worker_id": "w"})  # from before the field: no session
     assert msgspec.json.decode(old, type=E.ContainerScheduled).session_id == ""
     assert msgspec.json.decode(msgspec.json.encode({"container_id": "c"}), type=E.ContainerRequested).session_id == ""
+
+
+def test_a_resubscribe_reads_on_from_what_was_folded_not_from_the_start():
+    """The ordered replay is resubscribed every 30 s idle: from 1 again, a pass mid-replay saw
+    deleted deployments alive (CI's scheduler logs showed it reading from 1 every 30 s)."""
+    log = Log()
+    a = scaler(log)
+    assert asyncio.run(a.position()) == 0
+    msg = log.put(E.DeploymentCreated(deployment_id="web-v1", name="web", spec=spec(min_containers=1)))
+    gone = log.put(E.DeploymentDeleted(deployment_id="web-v1"))
+    asyncio.run(a.apply([Delivery(3, m.subject, b"", {}, 1, m) for m in (msg, gone)]))
+    assert asyncio.run(a.position()) == 3 and not a.fleet.deployments[("acme", "web-v1")].active

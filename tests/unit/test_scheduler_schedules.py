@@ -58,3 +58,17 @@ def test_a_tick_s_task_id_is_the_same_everywhere_and_differs_per_tick_and_worksp
     assert a == tick_task_id("acme", "nightly", tick)
     assert a != tick_task_id("acme", "nightly", tick + dt.timedelta(minutes=1))
     assert a != tick_task_id("other", "nightly", tick)
+
+
+def test_a_resubscribe_reads_on_from_what_was_folded():
+    """From 1 again (every 30 s idle), a stopped deployment's schedule was live until the replay passed its stop."""
+    import asyncio
+
+    from levers9.runtime.consumer import Delivery
+    from levers9.scheduler.schedules import Schedules
+
+    s = Schedules(bus=None)  # type: ignore[arg-type]
+    assert asyncio.run(s.position()) == 0
+    msgs = [created(1, "0 * * * *"), stopped(1)]
+    asyncio.run(s.apply([Delivery(seq, "x", b"", {}, 1, m) for seq, m in ((7, msgs[0]), (9, msgs[1]))]))
+    assert asyncio.run(s.position()) == 9 and s.live == {}

@@ -140,6 +140,18 @@ def terminate_all(pids: list[int], sig: int, timeout: float, spare: frozenset[in
     return killed
 
 
+def stop_named(pids: dict[str, int | None], timeout: float, progress: Progress,
+               spare: frozenset[int] = frozenset()) -> None:
+    """SIGTERM the named processes at once (terminate_all), saying so, and which had to be killed."""
+    for name, pid in pids.items():
+        if pid is not None:
+            progress(f"{name}: stopping (pid {pid})")
+    killed = terminate_all([pid for pid in pids.values() if pid is not None], signal.SIGTERM, timeout, spare)
+    for name, pid in pids.items():
+        if pid in killed:
+            progress(f"{name}: did not stop within {timeout:g} s of SIGTERM; killed")
+
+
 def kill_survivors(pids: list[int], timeout: float) -> list[int]:
     """Wait up to `timeout` for `pids` to exit, then SIGKILL the rest and wait for them to go;
     returns the killed ones."""

@@ -43,6 +43,7 @@ from .procs import (
     quiet,
     quietly,
     redact,
+    stop_named,
     terminate,
     terminate_all,
 )
@@ -67,9 +68,7 @@ class Stack:
     """The servers and services of one levers9 home on this machine."""
 
     ready_timeout = 30.0
-    # a service gets 20 s to finish the work in hand after SIGTERM (levers9.runtime.service), then
-    # stops its containers; on a loaded machine a process can also wait seconds for a core
-    stop_timeout = 30.0
+    stop_timeout = 30.0  # > the 20 s a service has to finish its work in hand (levers9.runtime.service)
 
     def __init__(self, home: Path, settings: Settings):
         self.files = Home(home)
@@ -347,13 +346,7 @@ class Stack:
         they started are killed with them, except those in `spare`."""
         with self.files.locked():
             pids = {name: self._running_pid(name, progress) for name in names}
-            for name, pid in pids.items():
-                if pid is not None:
-                    progress(f"{name}: stopping (pid {pid})")
-            killed = terminate_all([pid for pid in pids.values() if pid is not None], signal.SIGTERM, timeout, spare)
-            for name, pid in pids.items():
-                if pid in killed:
-                    progress(f"{name}: did not stop within {timeout:g} s of SIGTERM; killed (pid {pid})")
+            stop_named(pids, timeout, progress, spare)
             state = self.read_state()
             for name, pid in pids.items():
                 if pid is not None:
