@@ -27,6 +27,14 @@ CONTAINER_STATUS = {
     "ContainerStarted": "starting", "ContainerReady": "ready", "ContainerStopRequested": "stopping",
     "ContainerStopped": "stopped", "ContainerFailed": "failed",
 }
+ENDED = ("stopped", "failed")
+
+
+def next_status(current: str, status: str) -> str:
+    """A container's status after an event's: a stop asked for once it has ended (a request that
+    crossed its stop, as `levers9 containers stop` racing a scale-down) leaves it ended; only a new
+    ContainerRequested starts it again. The same rule as the projection's SQL."""
+    return current if status == "stopping" and current in ENDED else status
 
 
 class ContainersView(BatchedProjection):
@@ -94,7 +102,8 @@ class ContainersView(BatchedProjection):
                         CASE WHEN $6::text <> '' AND $7::text <> '' THEN $4::timestamptz END, $11::text, $12::text,
                         CASE WHEN $14 THEN $13::text ELSE '' END)
                 ON CONFLICT (workspace, container_id) DO UPDATE SET {_guarded(schema, {
-                    "status": "$3", "updated_at": "$4",
+                    "status": f"CASE WHEN $3 = 'stopping' AND {schema}.containers.status IN {ENDED} "
+                              f"THEN {schema}.containers.status ELSE $3 END", "updated_at": "$4",
                     "worker_id": f"CASE WHEN $6 <> '' THEN $6 ELSE {schema}.containers.worker_id END",
                     "address": f"CASE WHEN $7 <> '' THEN $7 ELSE {schema}.containers.address END",
                     "reason": f"CASE WHEN $8 <> '' THEN $8 ELSE {schema}.containers.reason END",

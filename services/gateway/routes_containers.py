@@ -15,6 +15,7 @@ from levers9.contracts import InvalidName, check_id, uuid7
 from levers9.contracts import events as E
 from levers9.contracts.images import BUILD_POOL
 from levers9.contracts.spec import Resources
+from levers9.runtime.views import ENDED
 
 from .auth import User
 from .deps import Gateway
@@ -129,6 +130,8 @@ async def request_container(request: Request, caller: User, gw: Gateway) -> dict
 @router.post("/api/v1/containers/{container_id}/stop", status_code=202)
 async def stop_container(container_id: str, caller: User, gw: Gateway) -> dict[str, Any]:
     row = await container_row(gw, caller.workspace, container_id)
+    if row["status"] in ENDED:  # nothing to stop: a stop now would only be noise in its history
+        return {"container_id": container_id, "correlation_id": row["correlation_id"], "status": row["status"]}
     env, _ = await gw.publish(E.ContainerStopRequested(container_id=container_id, reason="stopped by user"),
                               caller.workspace, row["correlation_id"])
     return {"container_id": container_id, "correlation_id": env.correlation_id}

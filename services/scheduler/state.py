@@ -26,7 +26,7 @@ import msgspec
 from levers9.contracts import Message
 from levers9.contracts import events as E
 from levers9.contracts.events.cluster import ClusterAttached, ClusterDetached, ClusterShared, cluster_ref
-from levers9.runtime.views import CONTAINER_STATUS, WORKER_STATUS, foreign_report
+from levers9.runtime.views import CONTAINER_STATUS, WORKER_STATUS, foreign_report, next_status
 
 from .placement import Access, WorkerState
 
@@ -204,7 +204,8 @@ def fold_container(c: Container | None, msg: Message, seq: int) -> Container | N
         c = Container(env.workspace, ev.aggregate_id, status, seq, seq, correlation_id=env.correlation_id)
     if not status or foreign_report(c.worker_id, ev):
         return replace(c, last_seq=seq)
-    return replace(c, status=status, last_seq=seq, worker_id=getattr(ev, "worker_id", "") or c.worker_id,
+    return replace(c, status=next_status(c.status, status), last_seq=seq,
+                   worker_id=getattr(ev, "worker_id", "") or c.worker_id,
                    reason=getattr(ev, "reason", "") or c.reason)
 
 

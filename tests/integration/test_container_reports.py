@@ -52,3 +52,9 @@ async def test_only_the_placed_worker_moves_a_container(pool):
     row = await apply(E.ContainerFailed(container_id="c1", worker_id="w1", reason="late"))
     assert (row["status"], row["worker_id"], row["address"]) == ("ready", "w2", "http://b:1")
     assert (await apply(E.ContainerStopped(container_id="c1", worker_id="w2")))["status"] == "stopped"
+    # a stop asked for after it stopped (a `containers stop` that crossed a scale-down) leaves it
+    # stopped: listed as "stopping" it stayed live forever, nobody left to stop it
+    row = await apply(E.ContainerStopRequested(container_id="c1", reason="stopped by user"))
+    assert (row["status"], row["last_seq"]) == ("stopped", 11)
+    await apply(E.ContainerRequested(container_id="c1", attempt=3))  # only a new request starts it again
+    assert (await apply(E.ContainerStopRequested(container_id="c1")))["status"] == "stopping"

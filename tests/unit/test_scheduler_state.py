@@ -244,3 +244,13 @@ def test_finished_containers_are_forgotten_once_they_hold_no_slot():
 
 def test_every_generated_worker_is_known():
     assert WORKERS == ["w0", "w1"]
+
+
+def test_a_stop_asked_for_after_the_container_ended_leaves_it_ended():
+    from levers9.scheduler.state import fold_container
+
+    c = None
+    for seq, ev in enumerate([E.ContainerRequested(container_id="c1"), E.ContainerStopped(container_id="c1", worker_id=""),
+                              E.ContainerStopRequested(container_id="c1", reason="stopped by user")], start=1):
+        c = fold_container(c, msg(ev), seq)
+    assert c is not None and (c.status, c.last_seq) == ("stopped", 3)
