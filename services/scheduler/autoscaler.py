@@ -40,6 +40,7 @@ from levers9.contracts.envelope import subject_of
 from levers9.runtime.bus import Bus, ConcurrencyConflict
 from levers9.runtime.consumer import Delivery, OrderedConsumer
 from levers9.runtime.nats_auth import LOAD_SUBJECT
+from levers9.runtime.views import ENDED
 
 from .autoscale_state import REASON_PREFIX, Fleet, Governed, Key, autoscaled_id, scaled_spec
 from .memory import Memory
@@ -131,6 +132,8 @@ class Autoscaler:
                     if c.status == "ready":
                         await self.stop(c, "its deployment was stopped")
                 continue
+            if any(c.status in ENDED and c.last_seq > self.read_to for c in by_deployment.get(key, [])):
+                continue  # the placer's memory saw a container end that the replay has not folded yet
             load, per = self.fleet.load_of(samples, dep)
             boxes = [self.box(c, per) for c in by_deployment.get(key, [])]
             d = decide(dep.policy, boxes, load, dt.datetime.fromtimestamp(now, dt.timezone.utc), dep.held_until)

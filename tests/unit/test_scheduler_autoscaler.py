@@ -64,8 +64,8 @@ def requests(memory: Memory) -> list:
 
 
 def test_min_containers_started_once_with_the_reason_and_replaced_when_it_dies():
-    log = Log()
-    a = scaler(log)
+    log, now = Log(), [1_000_000.0]
+    a = scaler(log, clock=lambda: now[0])
     deploy(log, a, min_containers=1, max_containers=2)
     asyncio.run(a.run_pass())
     asyncio.run(a.run_pass())  # level triggered: the request is counted, nothing more
@@ -75,6 +75,11 @@ def test_min_containers_started_once_with_the_reason_and_replaced_when_it_dies()
     a.fleet.fold(Message(*_env(c.request)))  # the replay sees the request: the next id's index moves on
     failed = log.put(E.ContainerFailed(container_id=c.container_id, reason="killed"))
     a.memory.apply(failed, log.seq)
+    asyncio.run(a.run_pass())
+    assert requests(a.memory) == []  # the replay has not folded the failure yet: nothing decided
+    asyncio.run(a.apply([Delivery(log.seq, failed.subject, b"", {}, 1, failed)]))
+    now[0] = a.fleet.deployments[("acme", "web-v1")].failed_at + 5  # failed before it was ready: the first back-off
+    a.fleet.sampled("g1", {"gateway": "g1", "deployments": {}}, now[0])
     asyncio.run(a.run_pass())
     [again] = requests(a.memory)
     assert again.container_id == autoscaled_id("acme", "web-v1", 1)
@@ -90,7 +95,7 @@ def test_containers_that_fail_before_ready_back_off_the_next_start_and_a_ready_o
         a.fleet.fold(Message(*_env(c.request)))
         failed = log.put(E.ContainerFailed(container_id=c.container_id, reason="ModuleNotFoundError: yaml"))
         a.memory.apply(failed, log.seq)
-        a.fleet.fold(failed)
+        asyncio.run(a.apply([Delivery(log.seq, failed.subject, b"", {}, 1, failed)]))
 
     asyncio.run(a.run_pass())
     fail_the_request()
