@@ -19,13 +19,18 @@ class GatewayDown(Exception):
 
 
 WHOAMI_TTL_S = 15.0
+IDEMPOTENT = frozenset({"GET", "HEAD"})
+STALE_CONNECTION = (httpx.ReadError, httpx.RemoteProtocolError, httpx.WriteError)
 
 
 class Upstream:
     def __init__(self, base_url: str, http: httpx.AsyncClient | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.base_url = base_url.rstrip("/")
-        self.http = http or httpx.AsyncClient(timeout=httpx.Timeout(30.0, connect=5.0), trust_env=False)
+        # idle connections are let go before the gateway's uvicorn closes them (5 s): one it closed
+        # while we sent on it fails with ReadError (CI's browser run showed the page an error for it)
+        self.http = http or httpx.AsyncClient(timeout=httpx.Timeout(30.0, connect=5.0), trust_env=False,
+                                              limits=httpx.Limits(keepalive_expiry=2.0))
         self.clock = clock
         self._whoami: dict[str, tuple[float, dict[str, Any] | None]] = {}
 
@@ -38,11 +43,16 @@ class Upstream:
 
     async def request(self, method: str, token: str, path: str, *, params: Any = None,
                       json: Any = None, headers: dict[str, str] | None = None) -> httpx.Response:
-        try:
-            return await self.http.request(method, f"{self.base_url}{path}", params=params, json=json,
-                                           headers={**self.auth(token), **(headers or {})})
-        except httpx.HTTPError as exc:
-            raise GatewayDown(f"the gateway at {self.base_url} does not answer: {type(exc).__name__}: {exc}") from exc
+        tries = 2 if method in IDEMPOTENT else 1
+        for attempt in range(tries):
+            try:
+                return await self.http.request(method, f"{self.base_url}{path}", params=params, json=json,
+                                               headers={**self.auth(token), **(headers or {})})
+            except httpx.HTTPError as exc:
+                if isinstance(exc, STALE_CONNECTION) and attempt + 1 < tries:
+                    continue  # a kept connection the gateway had just closed: once more, on a new one
+                raise GatewayDown(f"the gateway at {self.base_url} does not answer: {type(exc).__name__}: {exc}") from exc
+        raise AssertionError("unreachable")
 
     async def get(self, token: str, path: str, params: Any = None) -> httpx.Response:
         return await self.request("GET", token, path, params=params)

@@ -109,7 +109,9 @@ def test_a_call_runs_in_a_runc_container_with_its_on_start_value(env, deployed):
 
 def test_idle_container_scales_to_zero_and_the_next_call_starts_a_new_one(env, deployed):
     first = api(env, "POST", "/endpoint/probe", json={}).json()["container_id"]
-    wait_until(lambda: all(c["container_id"] != first for c in containers(env)), timeout=30)
+    # idle past its keep_warm_seconds (20: long enough for the test above to list it and call it
+    # again on a loaded machine), then stopped
+    wait_until(lambda: all(c["container_id"] != first for c in containers(env)), timeout=120)
     stopped = [c for c in containers(env, all_=True) if c["container_id"] == first][0]
     assert stopped["status"] == "stopped" and "idle" in stopped["reason"]
     second = api(env, "POST", "/endpoint/probe", json={}).json()["container_id"]

@@ -208,7 +208,8 @@ async def test_one_scheduler_places_a_large_backlog_and_every_placement_carries_
     cids = [f"c{i}" for i in range(2000)]
     for cid in cids:
         log._add(envelope(requested(cid, cpu=250, mem=256, note="cold: checkpoint_enabled is off"), workspace=WS))
-    await run_schedulers(log, 1, lambda: len(log.events("ContainerScheduled")) == 2000, seed=1)
+    # a bound on liveness, not a speed target (bench/ measures placement): CI's loaded run took > 20 s
+    await run_schedulers(log, 1, lambda: len(log.events("ContainerScheduled")) == 2000, seed=1, timeout=180)
     events = log.events("ContainerScheduled")
     assert len({ev.container_id for _, ev in events}) == 2000
     for _, ev in events:

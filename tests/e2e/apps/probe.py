@@ -11,7 +11,7 @@ def warm_up():
     return {"loaded_at": time.time(), "secret": os.environ.get("PROBE_SECRET", "")}
 
 
-@app.endpoint(cpu=0.25, memory="128Mi", keep_warm_seconds=3, on_start=warm_up, timeout=60)
+@app.endpoint(cpu=0.25, memory="128Mi", keep_warm_seconds=20, on_start=warm_up, timeout=60)
 def probe(context, echo: str = ""):
     return {"pid": os.getpid(), "container_id": os.environ.get("LEVERS9_CONTAINER_ID", ""),
             "hostname": os.uname().nodename, "echo": echo, "on_start": context.on_start_value,
