@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from typing import Any, Mapping
 
 from levers9.contracts import uuid7
@@ -35,7 +36,8 @@ def sample(gateway_id: str, routers: Mapping[str, DeploymentRouter]) -> dict[str
             continue
         deployments[key] = {"waiting": r.waiting,
                             "containers": {cid: [s.inflight, s.last_used] for cid, s in r.containers.items()}}
-    return {"gateway": gateway_id, "deployments": deployments}
+    # "at": when this was true; the autoscaler counts a container idle only up to there
+    return {"gateway": gateway_id, "at": time.time(), "deployments": deployments}
 
 
 async def run(nc: Any, routers: Mapping[str, DeploymentRouter], stop: asyncio.Event) -> None:

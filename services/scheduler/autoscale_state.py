@@ -158,6 +158,12 @@ class Fleet:
     def sampled(self, gateway: str, sample: dict, now: float) -> None:
         self.samples[gateway] = (now, sample)
 
+    def confirmed_at(self, now: float) -> float:
+        """Up to when every reporting gateway has told what its containers serve: the oldest of their
+        latest samples (its own time, or when it arrived if that is earlier). Idleness after that is
+        not known: a call may have come in since."""
+        return min((min(at, float(s.get("at", at))) for at, s in self.samples.values()), default=now)
+
     def fresh(self, now: float) -> list[dict]:
         for gw in [g for g, (at, _) in self.samples.items() if now - at > LOAD_TTL_S]:
             del self.samples[gw]

@@ -249,3 +249,27 @@ def test_a_resubscribe_reads_on_from_what_was_folded_not_from_the_start():
     gone = log.put(E.DeploymentDeleted(deployment_id="web-v1"))
     asyncio.run(a.apply([Delivery(3, m.subject, b"", {}, 1, m) for m in (msg, gone)]))
     assert asyncio.run(a.position()) == 3 and not a.fleet.deployments[("acme", "web-v1")].active
+
+
+def test_idleness_counts_only_up_to_the_gateways_latest_sample():
+    """Called every half second, a container looked idle for its whole 2 s window when the only
+    sample was a second or two old: a call may have come in since."""
+    log, now = Log(), [1_000_000.0]
+    a = scaler(log, clock=lambda: now[0])
+    deploy(log, a, min_containers=0, max_containers=2, scaledown_window=2)
+    req = log.put(E.ContainerRequested(container_id="c1", deployment_id="web-v1", reason="call waiting"))
+    a.memory.apply(req, log.seq)
+    ready = log.put(E.ContainerReady(container_id="c1", worker_id="w1", address="http://x"))
+    a.memory.apply(ready, log.seq)
+    a.fleet.ready_at[("acme", "c1")] = now[0] - 60
+
+    def report(at: float) -> None:
+        a.fleet.sampled("g1", {"gateway": "g1", "at": at, "deployments": {
+            "acme/web-v1": {"waiting": 0, "containers": {"c1": [0, now[0] - 3]}}}}, at)
+
+    report(now[0] - 2)  # it said: idle since 3 s ago, as of 2 s ago: 1 s of known idleness
+    asyncio.run(a.run_pass())
+    assert a.memory.containers[("acme", "c1")].status == "ready"
+    report(now[0])  # as of now: 3 s, past the window
+    asyncio.run(a.run_pass())
+    assert a.memory.containers[("acme", "c1")].status == "stopping"
