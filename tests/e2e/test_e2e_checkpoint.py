@@ -108,8 +108,9 @@ async def tamper(endpoint: str, bucket: str, key: str, home: str) -> None:
 def test_a_manual_checkpoint_of_a_ready_container(env):
     body = call(env)
     before = {c["checkpoint_id"] for c in checkpoints(env)}
-    # the app keeps a container warm for 2 s after its last call (the restore test needs it gone soon):
-    # calls keep this one ready until the CLI, which takes seconds to start on a loaded machine, asked
+    # the app keeps a container warm for 10 s after its last call (the restore test needs it gone soon;
+    # 2 s was too short on a loaded machine: its own dump freezes it 2 s): calls keep this one ready
+    # until the CLI, which takes seconds to start on a loaded machine, asked
     done = threading.Event()
     warm = threading.Thread(target=lambda: [call(env) for _ in iter(lambda: done.wait(0.5), True)], daemon=True)
     warm.start()

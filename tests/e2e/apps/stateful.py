@@ -15,7 +15,7 @@ def build():
     return {"value": random.random(), "table_sum": sum(table), "built_at": time.time(), "pid": os.getpid()}
 
 
-@app.endpoint(cpu=0.5, memory="512Mi", keep_warm_seconds=2, on_start=build, checkpoint_enabled=True, timeout=120)
+@app.endpoint(cpu=0.5, memory="512Mi", keep_warm_seconds=10, on_start=build, checkpoint_enabled=True, timeout=120)
 def stateful(context):
     state = context.on_start_value
     return {"value": state["value"], "table_sum": state["table_sum"], "built_at": state["built_at"],
