@@ -4,7 +4,6 @@ process binds them."""
 from __future__ import annotations
 
 import contextlib
-import os
 import random
 import socket
 import threading
@@ -15,10 +14,6 @@ LOCALHOST = "127.0.0.1"
 PORT_FLOOR = 20000  # servers' ports are chosen from here up to the kernel's ephemeral range
 HOLD_S = 300.0  # a port handed out is not handed out again for this long: its server has bound it by then
 HANDED: dict[int, float] = {}  # port -> when this process handed it out
-# the machine's ledger: one file per port handed out by any process (its mtime: when); the pytest
-# lanes, a second `levers9 up` and a worker each choose ports, and a port one had chosen but whose
-# server had not bound it yet was chosen by another (CI: a node cache port taken by another stack)
-LEDGER = Path(os.environ.get("LEVERS9_PORT_LEDGER", "/tmp/levers9-ports"))
 _HANDED_LOCK = threading.Lock()
 
 
@@ -57,29 +52,9 @@ def free_ports(count: int, host: str = LOCALHOST) -> list[int]:
                 sock.bind((host, port))
             except OSError:  # in use (or lingering): the next one
                 continue
-            if port and not _claim_on_machine(port):  # another process handed it out lately
-                continue
             ports.append(sock.getsockname()[1])
         HANDED.update(dict.fromkeys(ports, time.monotonic()))
         return ports
-
-
-def _claim_on_machine(port: int) -> bool:
-    """Take `port` in the machine's ledger unless another process took it within HOLD_S. Without a
-    usable ledger (another user's folder, a read-only /tmp) only this process's own counts."""
-    path = LEDGER / str(port)
-    try:
-        LEDGER.mkdir(mode=0o700, exist_ok=True)
-        try:
-            os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
-            return True
-        except FileExistsError:
-            if time.time() - path.stat().st_mtime <= HOLD_S:
-                return False
-            os.utime(path)  # handed out long ago: its server has bound it, or never will
-            return True
-    except OSError:
-        return True
 
 
 def claim_port(port: int) -> bool:

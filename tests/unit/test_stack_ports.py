@@ -63,21 +63,3 @@ def test_a_handed_out_port_may_be_handed_out_again_after_the_hold(monkeypatch):
     port_choice.HANDED[port] -= port_choice.HOLD_S + 1  # as if handed out long ago
     assert procs.claim_port(port)
     assert list(port_choice.HANDED) == [port]
-
-
-def test_a_port_another_process_handed_out_lately_is_not_chosen(monkeypatch, tmp_path):
-    """The ledger is the machine's: another process (a second pytest lane, a second `levers9 up`)
-    that chose a port whose server has not bound it yet keeps it for HOLD_S."""
-    import os
-    import time
-
-    monkeypatch.setattr(port_choice, "LEDGER", tmp_path)
-    monkeypatch.setattr(port_choice, "HANDED", {})
-    monkeypatch.setattr(port_choice, "ephemeral_range", lambda: (procs.PORT_FLOOR + 1000, 60999))
-    for p in range(procs.PORT_FLOOR, procs.PORT_FLOOR + 1000, 2):  # every even port: another process's
-        (tmp_path / str(p)).touch()
-    old = tmp_path / str(procs.PORT_FLOOR + 2)
-    os.utime(old, (time.time() - port_choice.HOLD_S - 1,) * 2)  # ... this one long ago
-    drawn = [p for _ in range(20) for p in procs.free_ports(8)]
-    assert all(p % 2 == 1 or p == procs.PORT_FLOOR + 2 or p >= procs.PORT_FLOOR + 1000 for p in drawn), drawn
-    assert all((tmp_path / str(p)).exists() for p in drawn if p < procs.PORT_FLOOR + 1000)
