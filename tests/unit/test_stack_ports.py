@@ -3,10 +3,22 @@ take one between choosing it and the server's bind."""
 
 from __future__ import annotations
 
+import os
 import socket
+import time
+
+import pytest
 
 from levers9.runtime import ports as port_choice
 from levers9.stack import procs
+
+
+@pytest.fixture(autouse=True)
+def own_ledger(monkeypatch, tmp_path):
+    """The machine's ledger is shared with every other process here (a second suite beside this one
+    draws from the same small pools these tests make): each test gets a folder of its own."""
+    monkeypatch.setattr(port_choice, "LEDGER", tmp_path / "ledger")
+    return tmp_path / "ledger"
 
 
 def test_ports_are_distinct_bindable_and_below_the_ephemeral_range():
@@ -60,6 +72,32 @@ def test_a_handed_out_port_may_be_handed_out_again_after_the_hold(monkeypatch):
     monkeypatch.setattr(port_choice, "HANDED", {})
     port = procs.free_port()
     assert not procs.claim_port(port)
-    port_choice.HANDED[port] -= port_choice.HOLD_S + 1  # as if handed out long ago
+    port_choice.HANDED[port] -= port_choice.HOLD_S + 1  # as if handed out long ago ...
+    assert not procs.claim_port(port)  # ... by this process: the machine's ledger still holds it
+    long_ago = time.time() - port_choice.HOLD_S - 1
+    os.utime(port_choice.LEDGER / str(port), (long_ago, long_ago))
     assert procs.claim_port(port)
     assert list(port_choice.HANDED) == [port]
+
+
+def test_a_port_another_process_handed_out_lately_is_not_chosen(monkeypatch, own_ledger):
+    """The ledger is the machine's: another process (a second pytest lane, a second `levers9 up`, a
+    worker) that chose a port whose server has not bound it yet keeps it for HOLD_S."""
+    monkeypatch.setattr(port_choice, "HANDED", {})
+    monkeypatch.setattr(port_choice, "ephemeral_range", lambda: (procs.PORT_FLOOR + 1000, 60999))
+    own_ledger.mkdir()
+    for p in range(procs.PORT_FLOOR, procs.PORT_FLOOR + 1000, 2):  # every even port: another process's
+        (own_ledger / str(p)).touch()
+    old = own_ledger / str(procs.PORT_FLOOR + 2)
+    os.utime(old, (time.time() - port_choice.HOLD_S - 1,) * 2)  # ... this one long ago
+    drawn = [p for _ in range(20) for p in procs.free_ports(8)]
+    assert len(set(drawn)) == len(drawn)
+    assert all(p % 2 == 1 or p == procs.PORT_FLOOR + 2 for p in drawn), drawn
+    assert all((own_ledger / str(p)).exists() for p in drawn)  # and now this process's, for others
+
+
+def test_a_port_another_process_claimed_lately_is_not_claimed(monkeypatch, own_ledger):
+    monkeypatch.setattr(port_choice, "HANDED", {})
+    own_ledger.mkdir()
+    (own_ledger / "20077").touch()
+    assert not procs.claim_port(20077)
