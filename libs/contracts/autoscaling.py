@@ -33,7 +33,7 @@ from .task_spec import TaskQueueOptions
 from .warm_schedule import scheduled_minimum
 
 LIVE = frozenset({"requested", "pending", "scheduled", "starting", "ready"})
-SCALED_KINDS = frozenset({"endpoint", "asgi"})
+SCALED_KINDS = frozenset({"endpoint", "asgi", "box"})
 
 
 def governed(spec: DeploymentSpec | None) -> bool:

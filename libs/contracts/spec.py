@@ -92,7 +92,7 @@ class Code(msgspec.Struct, frozen=True, kw_only=True):
     """The user's code: a module of the uploaded archive and the function (or ASGI app) in it. A
     function sandbox for ad-hoc calls (kind "function", no archive) names no module: each call
     brings its function pickled."""
-    kind: Literal["endpoint", "asgi", "function"] = "endpoint"
+    kind: Literal["endpoint", "asgi", "function", "box"] = "endpoint"
     module: OptionalIdentifier
     handler: OptionalIdentifier
     on_start: OptionalIdentifier = ""
@@ -100,7 +100,7 @@ class Code(msgspec.Struct, frozen=True, kw_only=True):
     key: str = ""
 
     def __post_init__(self) -> None:
-        if self.kind != "function" and not (self.module and self.handler):
+        if self.kind not in ("function", "box") and not (self.module and self.handler):
             raise ValueError(f"a {self.kind} needs its module and handler")
         if self.kind == "function" and self.key and not (self.module and self.handler):
             raise ValueError("a deployed function needs its module and handler")
@@ -158,6 +158,26 @@ class FunctionOptions(msgspec.Struct, frozen=True, kw_only=True):
     preload: list[ModuleName] = []  # imported when the sandbox starts, before it is ready (a checkpoint holds them)
 
 
+# one argument of a box's command (argv, no shell): any text but NUL
+BoxArgument = Annotated[str, Meta(pattern=r"^[^\x00]*$", max_length=8192)]
+# the path a box's readiness probe GETs: absolute, printable ASCII without spaces (a query may follow)
+ReadyPath = Annotated[str, Meta(pattern=r"^/[!-~]*$", max_length=2048)]
+MAX_BOX_ARGUMENTS = 256
+
+
+class BoxOptions(msgspec.Struct, frozen=True, kw_only=True):
+    """A box (code.kind "box"): any program that listens on a port. The worker runs `command` as the
+    container's process instead of the runner, and the container is ready once `port` answers: a TCP
+    connect, or a GET of `ready_path` answering 2xx. The gateway reaches it at /box/NAME/..."""
+    command: Annotated[list[BoxArgument], Meta(min_length=1, max_length=MAX_BOX_ARGUMENTS)]
+    port: Annotated[int, Meta(ge=1, le=65535)]
+    ready_path: ReadyPath | None = None
+
+    def __post_init__(self) -> None:
+        if not self.command[0].strip():
+            raise ValueError("command: its first argument (the program) is empty")
+
+
 class DeploymentSpec(msgspec.Struct, frozen=True, kw_only=True):
     name: Name
     app_name: str = ""
@@ -176,9 +196,12 @@ class DeploymentSpec(msgspec.Struct, frozen=True, kw_only=True):
     buckets: list[BucketMount] = []  # S3 buckets mounted per container
     task_queue: TaskQueueOptions | None = None  # code.kind "function" only: its calls are tasks (task_spec.py)
     schedule: ScheduleOptions | None = None  # code.kind "function" only: run on a cron
+    box: BoxOptions | None = None  # code.kind "box" only, and always there: its command and port
 
     def __post_init__(self) -> None:
         check_mounts(self.volumes, self.buckets)
+        if (self.box is None) != (self.code.kind != "box"):
+            raise ValueError("box: a box (code.kind 'box') needs its command and port, and only a box has them")
         if (self.task_queue or self.schedule) and self.code.kind != "function":
             raise ValueError("task_queue and schedule are options of a deployed function (code.kind 'function')")
 

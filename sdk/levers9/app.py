@@ -51,7 +51,7 @@ __all__ = ["App", "CloudBucket", "ConfigError", "Image", "Secret", "Volume", "lo
 # the top-level keys of DeploymentSpec, the ones a spec may have (image_ref is the gateway's: the SDK
 # never sends it)
 SPEC_KEYS = ("name", "app_name", "code", "image", "image_ref", "resources", "scaling", "timeout_seconds", "secrets",
-             "env", "checkpoint_enabled", "pool", "function", "volumes", "buckets", "task_queue", "schedule")
+             "env", "checkpoint_enabled", "pool", "function", "volumes", "buckets", "task_queue", "schedule", "box")
 
 # ---- App -----------------------------------------------------------------------------------------
 
@@ -150,6 +150,24 @@ class App:
         """
         return self._decorator("endpoint", func, options)
 
+    def box(self, name: str, *, command: Any, port: Any, ready_path: Any = None, **options: Any) -> None:
+        """Deploy any program that listens on a port: `command` (a list: the program and its arguments,
+        run as the container's process in `image`, cwd /app holding this file's directory) listening
+        on `port`, reached at {gateway}/box/NAME/... (any method, path and query). It is ready once the
+        port accepts a connection (or `ready_path` answers 2xx); with checkpoint_enabled it is dumped
+        then and the next start restores. Its stdout and stderr are its log.
+
+            app.box("files", command=["python3", "-m", "http.server", "8000"], port=8000)
+
+        Options: those of @app.endpoint but on_start (image, cpu, memory, gpu, env, secrets, volumes,
+        keep_warm_seconds, min_containers, max_containers, concurrency, timeout (also how long its port
+        may take to answer), checkpoint_enabled, pool, ...).
+        """
+        from levers9.box_options import box_section, refuse_runner_options
+
+        refuse_runner_options(options)
+        self._register("box", None, name=name, box=box_section(command, port, ready_path), **options)
+
     def asgi(self, func: Any = None, /, **options: Any) -> Any:
         """Deploy an ASGI app: decorate a function returning one, or pass the app object itself."""
         return self._decorator("asgi", func, options)
@@ -166,7 +184,7 @@ class App:
                   keep_warm_seconds: Any = UNSET, min_containers: Any = UNSET, max_containers: Any = UNSET,
                   concurrency: Any = UNSET, timeout: Any = UNSET, secrets: Any = None, env: Any = None,
                   on_start: Callable[..., Any] | None = None, checkpoint_enabled: Any = UNSET,
-                  pool: Any = UNSET, function: Any = UNSET, volumes: Any = None,
+                  pool: Any = UNSET, function: Any = UNSET, volumes: Any = None, box: Any = UNSET,
                   **scaling_options: Any) -> _Registration:
         """Check the options and keep the spec: only what was passed (and what the SDK works out),
         so DeploymentSpec's defaults apply to the rest."""
@@ -194,6 +212,7 @@ class App:
             "checkpoint_enabled": checkpoint_enabled,
             "pool": given(pool, lambda v: check_name(v, "pool")),
             "function": function,
+            "box": box,
         }
         if volumes is not None:  # Volume(...) and CloudBucket(...) objects (levers9.volumes)
             spec["volumes"], spec["buckets"] = split_mounts(volumes)
@@ -203,6 +222,8 @@ class App:
 
     def _names(self, kind: str, obj: Any, name: str | None) -> tuple[str, str]:
         """(handler, endpoint name): the function's name, and the URL name (say_hello -> say-hello)."""
+        if kind == "box":  # a box runs a program, not a function: its name is all it has
+            return "", self._unique(check_name(name, "box name"))
         if not callable(obj):
             raise ConfigError(f"@app.{kind} was given {obj!r}, which is not callable: decorate a function"
                               + (" or pass an ASGI app" if kind == "asgi" else ""))
@@ -212,9 +233,12 @@ class App:
                 raise ConfigError(f"@app.{kind} cannot name {obj!r}: pass name='web'")
             name = handler.replace("_", "-").strip("-")  # names are URL paths: say_hello -> say-hello
         check_name(name, f"{kind} name")
+        return handler, self._unique(name)
+
+    def _unique(self, name: str) -> str:
         if any(r.spec["name"] == name for r in self._registrations):
             raise ConfigError(f"app {self.name!r} already has an endpoint named {name!r}: pass another name=")
-        return handler, name
+        return name
 
     def specs(self) -> list[dict[str, Any]]:
         """The spec of every endpoint and function, as the gateway receives them (copies)."""
@@ -301,6 +325,8 @@ def _resolve(reg: _Registration, module: Any, path: Path) -> dict[str, Any]:
     """The spec with module and handler checked (or found) the way the container will look them up."""
     spec = copy.deepcopy(reg.spec)
     code = spec["code"]
+    if code["kind"] == "box":  # its command is its code: nothing to find in the module
+        return spec
     owner = sys.modules.get(code["module"]) if code["module"] else None
     if not (owner is not None and getattr(owner, code["handler"], None) is reg.obj):
         found = [n for n, v in vars(module).items() if v is reg.obj and not n.startswith("__")]

@@ -17,6 +17,7 @@ from rich.console import Console
 from rich.table import Table
 
 from levers9.cli_app import register as _register_app_commands
+from levers9.cli_boxes import register as _register_box_commands
 from levers9.cli_catalogue import catalogue_app
 from levers9.cli_clusters import register as _register_cluster_commands
 from levers9.cli_contracts import register as _register_contract_commands
@@ -50,6 +51,7 @@ _register_volume_commands(app)
 _register_cluster_commands(app)
 _register_dashboard_command(app)
 _register_task_commands(app)
+_register_box_commands(app)
 
 console = Console(stderr=True, soft_wrap=True)
 out = Console(width=None if sys.stdout.isatty() else 250)  # pipes and files get whole lines

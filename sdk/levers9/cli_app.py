@@ -47,7 +47,7 @@ def deploy_file(get_client: Callable[[], "Client"], file: Path, progress: Callab
         progress(f"deploying {spec['name']} ({len(code) / 1024:.1f} KiB of code)")
         answer = c.deploy(spec, code)
         name = answer.get("name") or spec["name"]
-        results.append({**answer, "name": name, "invocation_url": c.invocation_url(name),
+        results.append({**answer, "name": name, "invocation_url": c.invocation_url(name, spec["code"]["kind"]),
                         "kind": spec["code"]["kind"], "app_name": spec.get("app_name", "")})
     return results
 

@@ -117,8 +117,9 @@ class Client:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def invocation_url(self, name: str) -> str:
-        return f"{self.gateway_url}/endpoint/{name}"
+    def invocation_url(self, name: str, kind: str = "endpoint") -> str:
+        """Where an endpoint is called (a box: /box/NAME/, any path below it)."""
+        return f"{self.gateway_url}/box/{name}/" if kind == "box" else f"{self.gateway_url}/endpoint/{name}"
 
     # -- deployments --
 

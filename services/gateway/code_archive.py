@@ -106,7 +106,7 @@ def archive_problem(data: bytes, module: str) -> tuple[int, str]:
     verdict = inspect_code(data)
     if verdict.status:
         return verdict.status, verdict.problem
-    if f"{module}.py" not in verdict.names:
+    if module and f"{module}.py" not in verdict.names:  # a box names no module: its command is its code
         listed = ", ".join(sorted(verdict.names)[:10])
         return 422, f"the code archive has no {module}.py (it has: {listed})"
     return 0, ""

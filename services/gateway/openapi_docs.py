@@ -49,6 +49,7 @@ BY_MODULE: dict[str, tuple[int, ...]] = {
     "routes_internal": (404, 409),
     "routes_functions": (400, 404, 409, 413, 500, 502, 504),
     "routes_invoke": (404, 410, 413, 429, 502, 504),
+    "routes_boxes": (404, 413, 429, 502, 504),
     "routes_volumes": (400, 404, 409, 413),
     "routes_clusters": (400, 404, 409),
     "routes_events": (),
@@ -89,6 +90,8 @@ def responses_for(module: str, path: str) -> dict[str, dict[str, Any]]:
     out = {str(code): _error(code) for code in sorted(codes)}
     if module.endswith("routes_invoke"):
         out["default"] = {"description": "Whatever the endpoint's own handler answers."}
+    if module.endswith("routes_boxes"):
+        out["default"] = {"description": "Whatever the box's program answers."}
     return out
 
 

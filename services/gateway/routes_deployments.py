@@ -142,7 +142,8 @@ async def create_deployment(gw: GatewayState, workspace: str, spec: DeploymentSp
         if not await gw.wait_projected(appended.seq, "deployments"):
             log.warning("deployment %s (seq %d) is not projected yet; answering anyway", event.deployment_id,
                         appended.seq)
-        path = f"function/{spec.app_name}/{spec.name}" if spec.code.kind == "function" else f"endpoint/{spec.name}"
+        path = {"function": f"function/{spec.app_name}/{spec.name}", "box": f"box/{spec.name}/"}.get(
+            spec.code.kind, f"endpoint/{spec.name}")
         return {"deployment_id": event.deployment_id, "name": spec.name, "version": version,
                 "url": f"{base.rstrip('/')}/{path}"}
     raise HTTPException(409, f"could not allocate a version for {spec.name!r}; try again")

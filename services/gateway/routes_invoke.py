@@ -100,6 +100,8 @@ async def resolve(gw: GatewayState, workspace: str, name: str, rest: str) -> tup
     if dep.spec.code.kind == "function":
         raise HTTPException(404, f"{name!r} is a function, not an endpoint: call it with POST "
                                  f"/function/{dep.spec.app_name or '<app>'}/{name} or from Python")
+    if dep.spec.code.kind == "box":
+        raise HTTPException(404, f"{name!r} is a box, not an endpoint: call it at /box/{name}/")
     if dep.status != "active":
         raise HTTPException(410, f"endpoint {name!r} version {dep.version} is {dep.status}")
     return dep, target.rest
@@ -118,6 +120,12 @@ async def invoke(gw: GatewayState, request: Request, caller: Caller, name: str, 
     request coming in to the answer's head going out; a call to no endpoint (404) is no deployment's."""
     began = time.monotonic()
     dep, subpath = await resolve(gw, caller.workspace, name, rest)
+    return await metered(gw, request, caller, dep, subpath, name, began)
+
+
+async def metered(gw: GatewayState, request: Request, caller: Caller, dep: Deployment, subpath: str, name: str,
+                  began: float) -> Response:
+    """Deliver a call to a resolved deployment (an endpoint's or a box's), metering it."""
     status = 500  # an exception other than HTTPException becomes a 500 (errors.py or Starlette)
     response: Response | None = None
     try:

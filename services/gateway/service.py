@@ -16,6 +16,7 @@ from levers9.runtime.views_clusters import ClustersView
 from . import (
     endpoint_store,
     load_report,
+    routes_boxes,
     routes_calls,
     routes_catalogues,
     routes_checkpoints,
@@ -45,7 +46,7 @@ from .views_tasks import TasksView
 
 ROUTERS = (routes_tokens, routes_catalogues, routes_scaling, routes_deployments, routes_images, routes_containers, routes_checkpoints, routes_workers,
            routes_internal, routes_functions, routes_invoke, routes_volumes, routes_clusters, routes_events, routes_calls,
-           routes_stats, routes_tasks)
+           routes_stats, routes_tasks, routes_boxes)
 
 
 class GatewayService(Gateway):

@@ -43,6 +43,8 @@ from levers9.worker.mounts.volumes import WorkerVolumes
 from levers9.worker.runtime.interface import ContainerSpec, Exit, Runtime, Started
 from levers9.worker.sandboxes.sandboxes import Sandboxes, generation_refusal, is_function
 
+from . import boxes
+from .box_probe import probe as probe_box
 from .idle import should_stop_idle
 from .placement import Running, runner_env
 
@@ -111,6 +113,8 @@ class Containers(Mapping[str, Running]):
             await self.finish(c, Exit(None, why), failed=True)
             return
         refusal = generation_refusal(ev.spec) if is_function(ev.spec) else ""
+        if boxes.box_of(ev.spec) is not None:  # a box's command runs in an isolated container or nowhere
+            refusal = boxes.refusal(ev.spec, self.runtime.capabilities, self.runtime.name)
         if refusal:
             await self.finish(c, Exit(None, refusal), failed=True)
             return
@@ -120,13 +124,15 @@ class Containers(Mapping[str, Running]):
     async def start(self, c: Running, ev: E.ContainerScheduled) -> None:
         assert c.spec is not None
         p = self.parts
+        box = boxes.box_of(c.spec)
         try:
             code_dir = await p.fetch_code(c)
+            secrets = await self.secret_env(c.container_id, c.spec.secrets)
+            env = boxes.box_env(c.spec, secrets, container_id=c.container_id, deployment_id=c.deployment_id) \
+                if box else runner_env(c.spec, secrets, container_id=c.container_id, deployment_id=c.deployment_id,
+                                       max_body_bytes=p.settings.gateway.max_body_bytes)
             cspec = ContainerSpec(container_id=c.container_id, code_dir=code_dir,
-                                  sdk_dir=p.sdk_dir,
-                                  env=runner_env(c.spec, await self.secret_env(c.container_id, c.spec.secrets),
-                                                 container_id=c.container_id, deployment_id=c.deployment_id,
-                                                 max_body_bytes=p.settings.gateway.max_body_bytes),
+                                  sdk_dir=p.sdk_dir, env=env, **(boxes.container_fields(box) if box else {}),
                                   cpu_millicores=ev.resources.cpu_millicores, memory_mib=ev.resources.memory_mib,
                                   image=c.spec.image_ref, workspace=c.workspace, deployment_id=c.deployment_id,
                                   binds=await p.volumes.binds(c.workspace, c.container_id, c.spec, self.runtime),
@@ -171,33 +177,43 @@ class Containers(Mapping[str, Running]):
         await self.wait_ready(c, started.address, float(c.spec.timeout_seconds))
 
     async def wait_ready(self, c: Running, address: str, timeout: float) -> None:
-        deadline = time.monotonic() + max(timeout, 30.0)
+        """Poll until the container is ready (the runner's health, or a box's port), it ended, or
+        its start timeout passed; each outcome is an event."""
+        patience = max(timeout, 30.0)
+        deadline = time.monotonic() + patience
+        box = boxes.box_of(c.spec)
+        last: boxes.Probe | None = None
         async with httpx.AsyncClient(timeout=2.0) as client:
             while time.monotonic() < deadline and not c.stopping:
                 ended = await self.runtime.poll(c.container_id)
                 if ended is not None:
-                    await self.finish(c, ended, failed=True)
+                    await self.finish(c, boxes.ended(box, ended, was_ready=False) if box else ended, failed=True)
                     return
-                try:
-                    r = await client.get(f"{address}/_levers9/health")
-                except httpx.HTTPError:
-                    r = None
-                if r is not None and r.status_code == 200:
-                    published = await self.sandbox_address(c, address)
-                    if not published:
-                        return
-                    c.address, c.ready_at = address, time.time()
-                    await self.emit(c, E.ContainerReady(container_id=c.container_id, worker_id=self.parts.worker_id,
-                                                        address=published))
-                    self.parts.checkpoints.after_ready(c)
+                if box is not None:
+                    last = await probe_box(client, address, box)
+                    is_ready, failure = boxes.ready(box, last), ""
+                else:
+                    is_ready, failure = await runner_health(client, address)
+                if is_ready:
+                    await self.ready(c, address)
                     return
-                if r is not None and r.status_code == 500:
-                    error = _json(r).get("error", "the app failed to start")
-                    await self.stop(c, f"app failed to start: {error}", failed=True)
+                if failure:
+                    await self.stop(c, failure, failed=True)
                     return
                 await asyncio.sleep(HEALTH_POLL_S)
         if not c.stopping:
-            await self.stop(c, f"not ready within {timeout:.0f} s", failed=True)
+            await self.stop(c, boxes.not_ready(box, patience, last) if box else f"not ready within {timeout:.0f} s",
+                            failed=True)
+
+    async def ready(self, c: Running, address: str) -> None:
+        """ContainerReady with where the gateway reaches it; then its dump, when the policy says so."""
+        published = await self.sandbox_address(c, address)
+        if not published:
+            return
+        c.address, c.ready_at = address, time.time()
+        await self.emit(c, E.ContainerReady(container_id=c.container_id, worker_id=self.parts.worker_id,
+                                            address=published))
+        self.parts.checkpoints.after_ready(c)
 
     async def sandbox_address(self, c: Running, address: str) -> str:
         """Where the gateway reaches a ready container: its own address, or for a function sandbox
@@ -274,7 +290,8 @@ class Containers(Mapping[str, Running]):
         assert c.ready_at is not None
         ended = await self.runtime.poll(c.container_id)
         if ended is not None:
-            await self.finish(c, ended, failed=True)
+            box = boxes.box_of(c.spec)
+            await self.finish(c, boxes.ended(box, ended, was_ready=True) if box else ended, failed=True)
             return
         if draining:
             await self.stop(c, f"worker {self.parts.worker_id} drained")
@@ -296,6 +313,18 @@ def autoscaled(c: Running) -> bool:
     its deployment is governed, and it is not a session's sandbox (one caller's own, of the same
     deployment: the autoscaler skips it)."""
     return governed(c.spec) and not c.session_id
+
+
+async def runner_health(client: httpx.AsyncClient, address: str) -> tuple[bool, str]:
+    """(ready, why it failed) from the runner's health: 200 ready, 500 failed at import or on_start,
+    anything else (or no answer yet) neither."""
+    try:
+        r = await client.get(f"{address}/_levers9/health")
+    except httpx.HTTPError:
+        return False, ""
+    if r.status_code == 500:
+        return False, f"app failed to start: {_json(r).get('error', 'the app failed to start')}"
+    return r.status_code == 200, ""
 
 
 def _json(r: httpx.Response) -> dict[str, Any]:
