@@ -97,7 +97,7 @@ def test_a_stock_program_answers_through_the_gateway_and_restores_from_its_check
     # its stderr is its log: the request line as the program saw it, the query included
     wait_until(lambda: '"GET /box_app.py?probe=1 HTTP/1.1" 200' in cli(env, "boxes", "logs", "files").stdout)
     [row] = [b for b in json.loads(cli(env, "boxes", "list", "--json").stdout) if b["name"] == "files"]
-    assert row["port"] == 8000 and row["command"] == "python3 -m http.server 8000"
+    assert row["port"] == 8123 and row["command"] == "python3 -m http.server 8123"
     cold = container(env, cid)
     assert "no checkpoint" in cold["note"] and not cold["restored_from"]
 
