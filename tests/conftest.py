@@ -29,6 +29,10 @@ SHARED_UNITS = {"test_e2e_hosts.py": "machine-hosts", "test_e2e_clusters.py": "m
 def pytest_xdist_make_scheduler(config, log):
     from xdist.scheduler import LoadScopeScheduling
 
+    # xdist's loadscope sorts modules by their number of tests unless told not to: the e2e modules
+    # (few tests, minutes each) then went last and made the run's tail; the order is ours (LONG_MODULES)
+    config.option.loadscopereorder = False
+
     class ModuleLanes(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
             path = nodeid.split("::", 1)[0]
