@@ -93,6 +93,13 @@ class Fleet:
         elif isinstance(ev, (E.ContainerStopped, E.ContainerFailed)):
             self._ended(ws, ev, msg)
 
+    def live_by_deployment(self) -> dict[Key, list[Key]]:
+        """Each governed deployment's containers that the replay saw requested and not ended."""
+        live: dict[Key, list[Key]] = {}
+        for container, dep in self.owner.items():
+            live.setdefault(dep, []).append(container)
+        return live
+
     def _requested(self, ws: str, ev: E.ContainerRequested) -> None:
         dep = self.deployments.get((ws, ev.deployment_id))
         if dep is None:

@@ -126,6 +126,26 @@ def test_two_replicas_never_start_the_same_container_twice():
     assert b.counters["conflicts"] == 1 and a.counters["started"] == 1
 
 
+def test_a_replica_whose_placer_memory_lags_its_replay_starts_no_third_container():
+    """CI (two scheduler processes, min_containers=2): b lost index 0 to a, then its replay folded
+    both of a's requests (the next index: 2) while its placer's memory had seen only the first, so
+    it saw one live container and started index 2 -- three containers for a minimum of two."""
+    log = Log()
+    a, b = scaler(log), scaler(log)
+    deploy(log, a, b, min_containers=2, max_containers=4)
+    asyncio.run(a.run_pass())
+    first, second = sorted(requests(a.memory), key=lambda c: c.container_id != autoscaled_id("acme", "web-v1", 0))
+    asyncio.run(b.run_pass())  # collides on index 0
+    for c in (first, second):
+        b.fleet.fold(Message(*_env(c.request)))  # the replay folded both requests ...
+    b.memory.apply(Message(*_env(first.request)), log.seq)  # ... the placer's memory only the first
+    asyncio.run(b.run_pass())
+    assert [c.container_id for c in requests(b.memory)] == [first.container_id], "a third container"
+    b.memory.apply(Message(*_env(second.request)), log.seq)  # caught up: two live, nothing to start
+    asyncio.run(b.run_pass())
+    assert b.counters["started"] == 0
+
+
 def test_an_idle_container_stops_after_the_window_and_scale_applies_at_once():
     log, now = Log(), [1_000_000.0]
     a = scaler(log, clock=lambda: now[0])
