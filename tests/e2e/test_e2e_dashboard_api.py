@@ -145,8 +145,8 @@ def test_mcp_with_the_sdk_client(env):
 
 
 def test_down_stops_the_dashboard(env):
+    """The module's last test: the fixture's own `down` after it finds nothing left to stop."""
     url = dashboard_url(env)
     cli(env, "down")
     with pytest.raises(httpx.HTTPError):
         httpx.get(f"{url}/healthz", timeout=2, trust_env=False)
-    cli(env, "up")  # the fixture's `down` finds a stack to stop
