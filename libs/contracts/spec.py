@@ -178,6 +178,23 @@ class BoxOptions(msgspec.Struct, frozen=True, kw_only=True):
             raise ValueError("command: its first argument (the program) is empty")
 
 
+# a sandbox's workdir: an absolute path without NUL, '..' or '//' (the root of its files API)
+SandboxDir = Annotated[str, Meta(pattern=r"^(/[^\x00/]+)*/?$", min_length=1, max_length=1024)]
+
+
+class SandboxOptions(msgspec.Struct, frozen=True, kw_only=True):
+    """A sandbox (code.kind "function" with no module: its executor is the sandbox's agent, which
+    runs exec and file requests inside the container). `workdir` is where programs start and the
+    root of its files API; the container ends `timeout_seconds` after it was created (its lifetime;
+    the idle timeout is scaling.keep_warm_seconds, the worker's keep-warm rule)."""
+    workdir: SandboxDir = "/sandbox"
+    timeout_seconds: Annotated[int, Meta(ge=1, le=7 * 86_400)] = 3600
+
+    def __post_init__(self) -> None:
+        if "/../" in self.workdir + "/" or "/./" in self.workdir + "/":
+            raise ValueError(f"workdir {self.workdir!r}: give it without '.' or '..' components")
+
+
 class DeploymentSpec(msgspec.Struct, frozen=True, kw_only=True):
     name: Name
     app_name: str = ""
@@ -197,6 +214,7 @@ class DeploymentSpec(msgspec.Struct, frozen=True, kw_only=True):
     task_queue: TaskQueueOptions | None = None  # code.kind "function" only: its calls are tasks (task_spec.py)
     schedule: ScheduleOptions | None = None  # code.kind "function" only: run on a cron
     box: BoxOptions | None = None  # code.kind "box" only, and always there: its command and port
+    sandbox: SandboxOptions | None = None  # a sandbox's deployment (code.kind "function", no module) only
 
     def __post_init__(self) -> None:
         check_mounts(self.volumes, self.buckets)
@@ -204,6 +222,8 @@ class DeploymentSpec(msgspec.Struct, frozen=True, kw_only=True):
             raise ValueError("box: a box (code.kind 'box') needs its command and port, and only a box has them")
         if (self.task_queue or self.schedule) and self.code.kind != "function":
             raise ValueError("task_queue and schedule are options of a deployed function (code.kind 'function')")
+        if self.sandbox and (self.code.kind != "function" or self.code.module):
+            raise ValueError("sandbox: only a sandbox's deployment (code.kind 'function', no module) has it")
 
 
 

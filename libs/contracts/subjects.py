@@ -14,7 +14,7 @@ STREAM = "LEVERS9"
 DLQ_STREAM = "LEVERS9_DLQ"
 DLQ_ROOT = "levers9dlq"
 AGGREGATES = ("deployment", "container", "worker", "pool", "checkpoint", "image", "token", "secret", "call", "catalogue",
-              "volume", "cluster", "task", "schedule")
+              "volume", "cluster", "task", "schedule", "sandbox")
 
 
 @dataclass(frozen=True)

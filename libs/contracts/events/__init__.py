@@ -42,6 +42,7 @@ from .image import (
     ImageDeleted,
     ImagePushed,
 )
+from .sandbox import SandboxCreated, SandboxSnapshotted, SandboxTerminated
 from .schedule import ScheduleFired
 from .secret import SecretDeleted, SecretSet
 from .task import (
@@ -80,6 +81,7 @@ AnyEvent = Union[
     FunctionCallStarted, FunctionCallFinished, CatalogueBuilt, WorkerCatalogueChecked,
     VolumeCreated, VolumeDeleted, ClusterAttached, ClusterShared, ClusterDetached,
     TaskEnqueued, TaskStarted, TaskSucceeded, TaskFailed, TaskRetried, TaskExpired, TaskCancelled, ScheduleFired,
+    SandboxCreated, SandboxSnapshotted, SandboxTerminated,
 ]
 
 EVENT_TYPES: dict[str, type[Event]] = {cls.__name__: cls for cls in AnyEvent.__args__}  # type: ignore[attr-defined]

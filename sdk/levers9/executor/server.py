@@ -21,7 +21,7 @@ import traceback
 from pathlib import Path
 from typing import Any, Protocol
 
-from levers9.executor import capture, interrupt, packages, wire
+from levers9.executor import capture, interrupt, packages, sandbox_ops, wire
 from levers9.executor.calls import (
     CallError,
     CallRequest,
@@ -129,6 +129,7 @@ class ExecutorServer:
         self.host = host
         self.default_timeout = default_timeout  # the runner's LEVERS9_RUNNER_TIMEOUT, for calls without one
         self.sessions = Sessions()
+        self.execs = sandbox_ops.Execs()  # a sandbox's running programs (sandbox_ops)
         self.stopping = threading.Event()
         self.listener: socket.socket | None = None
         self.inode = 0
@@ -211,6 +212,8 @@ class ExecutorServer:
                 header, body = wire.read_frame(sock)
                 if header["kind"] == "ping":
                     return wire.send_frame(sock, self._pong())
+                if header["kind"] in sandbox_ops.KINDS:  # a sandbox's exec, stdin or file request
+                    return sandbox_ops.serve(sock, header, body, self.host, self.execs)
                 if header["kind"] != "call":
                     raise wire.ProtocolError(f"expected a call or a ping, got {header['kind']!r}")
                 request = CallRequest.from_header(header)
