@@ -26,11 +26,12 @@ from levers9.function_errors import (
     ResultError,
 )
 from levers9.functions import Function, FunctionCall, Session
+from levers9.sandbox import Sandbox, SandboxError
 from levers9.task_queues import Scheduled, TaskApiError, TaskError, TaskHandle, TaskQueue
 from levers9.volumes import CloudBucket, Volume
 
 __all__ = ["App", "ConfigError", "Image", "Secret", "load_app_file", "__version__", "Volume", "CloudBucket",
-           "Function", "FunctionCall", "Session", "TaskQueue", "TaskHandle", "TaskError", "TaskApiError", "Scheduled",
+           "Function", "FunctionCall", "Session", "Sandbox", "SandboxError", "TaskQueue", "TaskHandle", "TaskError", "TaskApiError", "Scheduled",
            "FunctionError", "RemoteError", "RemoteTraceback", "PlatformError", "FunctionTimeoutError",
            "FunctionCancelledError", "ArgumentError", "ResultError", "PythonVersionError", "GatewayError",
            "AuthenticationError", "FunctionNotFoundError", "InvalidCallError", "GatewayUnavailableError"]

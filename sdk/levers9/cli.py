@@ -26,6 +26,7 @@ from levers9.cli_functions import register as _register_function_commands
 from levers9.cli_images import register as _register_image_commands
 from levers9.cli_nats import nats_app
 from levers9.cli_publishers import publishers_app
+from levers9.cli_sandboxes import register as _register_sandbox_commands
 from levers9.cli_secrets import register as _register_secret_commands
 from levers9.cli_tasks import register as _register_task_commands
 from levers9.cli_volumes import register as _register_volume_commands
@@ -52,6 +53,7 @@ _register_cluster_commands(app)
 _register_dashboard_command(app)
 _register_task_commands(app)
 _register_box_commands(app)
+_register_sandbox_commands(app)
 
 console = Console(stderr=True, soft_wrap=True)
 out = Console(width=None if sys.stdout.isatty() else 250)  # pipes and files get whole lines

@@ -14,6 +14,8 @@ from typing import Any
 
 import msgspec
 
+from levers9.executor.sandbox_rules import MAX_FILE_BYTES
+
 MAX_JSON_DEPTH = 100  # arrays and objects inside each other; a blueprint or a spec needs fewer than 10
 API_JSON_LIMIT = 1 << 20  # a JSON body of the user API (a blueprint, a token's name, a container request)
 CATALOGUE_LIMIT = 8 << 20  # a catalogue document (routes_catalogues)
@@ -38,6 +40,9 @@ def body_rule(method: str, path: str, *, code_limit: int, file_limit: int, call_
         return BodyRule(code_limit + FORM_OVERHEAD, False, "a deploy (its spec and code archive)")
     if path.startswith("/api/v1/volumes/") and "/files/" in path:
         return BodyRule(file_limit, False, "a file put into a volume")
+    if path.startswith("/api/v1/sandboxes/") and path.endswith(("/files", "/stdin")):  # bytes, not JSON
+        return BodyRule(MAX_FILE_BYTES if path.endswith("/files") else API_JSON_LIMIT, False,
+                        "a file written into a sandbox" if path.endswith("/files") else "a sandbox program's stdin")
     if path == "/api/v1/catalogues":
         return BodyRule(CATALOGUE_LIMIT, True, "a catalogue")
     if path.startswith("/function/"):

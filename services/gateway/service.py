@@ -28,12 +28,14 @@ from . import (
     routes_images,
     routes_internal,
     routes_invoke,
+    routes_sandboxes,
     routes_scaling,
     routes_stats,
     routes_tasks,
     routes_tokens,
     routes_volumes,
     routes_workers,
+    sandbox_store,
 )
 from .body_limits import BodyLimits
 from .errors import install as install_error_handlers
@@ -46,7 +48,7 @@ from .views_tasks import TasksView
 
 ROUTERS = (routes_tokens, routes_catalogues, routes_scaling, routes_deployments, routes_images, routes_containers, routes_checkpoints, routes_workers,
            routes_internal, routes_functions, routes_invoke, routes_volumes, routes_clusters, routes_events, routes_calls,
-           routes_stats, routes_tasks, routes_boxes)
+           routes_stats, routes_tasks, routes_boxes, routes_sandboxes)
 
 
 class GatewayService(Gateway):
@@ -78,6 +80,7 @@ class GatewayService(Gateway):
         return [*super().background(), lambda stop: serve_functions(self, stop),
                 lambda stop: endpoint_store.run(self.pool, self.meter, stop, sample=self.sample_queues),
                 lambda stop: load_report.run(self.bus.nc, self.routers, stop),
+                lambda stop: sandbox_store.sweep(self, stop),  # sandboxes' lifetimes
                 self.run_tasks]
 
     async def run_tasks(self, stop) -> None:
