@@ -33,12 +33,12 @@ from .task_spec import TaskQueueOptions
 from .warm_schedule import scheduled_minimum
 
 LIVE = frozenset({"requested", "pending", "scheduled", "starting", "ready"})
-SCALED_KINDS = frozenset({"endpoint", "asgi", "box"})
+SCALED_KINDS = frozenset({"endpoint", "asgi", "realtime", "box"})
 
 
 def governed(spec: DeploymentSpec | None) -> bool:
     """Whether the autoscaler scales this deployment's containers (and the worker's idle rule leaves
-    them alone): endpoints, ASGI apps, task queues, scheduled functions and deployed functions
+    them alone): endpoints, ASGI apps, realtime handlers, task queues, scheduled functions and deployed functions
     (`levers9 deploy`: kind "function" naming its module and handler). An ad-hoc function's sandboxes
     (kind "function" with no module: each call brings its function pickled) keep the worker's
     keep-warm rule. So does a session's sandbox of a deployed function (ContainerRequested.session_id):

@@ -92,7 +92,7 @@ class Code(msgspec.Struct, frozen=True, kw_only=True):
     """The user's code: a module of the uploaded archive and the function (or ASGI app) in it. A
     function sandbox for ad-hoc calls (kind "function", no archive) names no module: each call
     brings its function pickled."""
-    kind: Literal["endpoint", "asgi", "function", "box"] = "endpoint"
+    kind: Literal["endpoint", "asgi", "realtime", "function", "box"] = "endpoint"  # realtime: a handler per WebSocket message
     module: OptionalIdentifier
     handler: OptionalIdentifier
     on_start: OptionalIdentifier = ""

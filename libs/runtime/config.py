@@ -161,6 +161,10 @@ class ClientSettings:
 class GatewaySettings:
     max_body_bytes: int = setting("max_body_bytes", 16 * 1024 * 1024)
     task_runners: int = setting("task_runners", 32)  # tasks one gateway runs at once (task_runner.py)
+    # a proxied WebSocket (ws_proxy.py) is closed (1001) after this long with no message either way
+    websocket_idle_timeout_s: int = setting("websocket_idle_timeout_s", 300)
+    # a proxied WebSocket message larger than this, either way, closes the connection with 1009
+    websocket_max_message_bytes: int = setting("websocket_max_message_bytes", 1024 * 1024)
 
 
 @dataclass(frozen=True)

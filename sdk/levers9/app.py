@@ -1,4 +1,4 @@
-"""The SDK: `App`, its `@app.endpoint`, `@app.asgi` and `@app.function` decorators, `Image`,
+"""The SDK: `App`, its `@app.endpoint`, `@app.asgi`, `@app.realtime` and `@app.function` decorators, `Image`,
 `Secret`, and `load_app_file`, which reads the specs the gateway receives out of a user's .py file.
 
 A spec is plain JSON of `levers9.contracts.spec.DeploymentSpec` (code, resources in millicores and
@@ -171,6 +171,15 @@ class App:
     def asgi(self, func: Any = None, /, **options: Any) -> Any:
         """Deploy an ASGI app: decorate a function returning one, or pass the app object itself."""
         return self._decorator("asgi", func, options)
+
+    def realtime(self, func: Callable[..., Any] | None = None, /, **options: Any) -> Any:
+        """Deploy a function that answers WebSocket messages, reached at {gateway}/endpoint/NAME with a
+        WebSocket: it is called once per message (text as str, binary as bytes) and what it returns is
+        sent back (str as text, bytes as binary, None as nothing, anything else as JSON). It may be
+        sync or async; `context` (on_start_value, path, headers) is passed when it has a parameter of
+        that name, as in `def handler(context, event)`. Options: those of @app.endpoint.
+        """
+        return self._decorator("realtime", func, options)
 
     def _decorator(self, kind: str, func: Any, options: dict[str, Any]) -> Any:
         def register(obj: Any) -> Any:

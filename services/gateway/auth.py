@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import Depends, HTTPException, Request
+from fastapi import Depends, HTTPException
+from starlette.requests import HTTPConnection
 
 from levers9.runtime.tokens import token_hash
 
@@ -66,8 +67,10 @@ async def lookup(gw: GatewayState, secret: str) -> Caller | None:
     return found
 
 
-async def caller(request: Request, gw: Gateway) -> Caller:
-    secret = bearer_secret(request.headers.get("authorization", ""))
+async def caller(conn: HTTPConnection, gw: Gateway) -> Caller:
+    """The bearer token's caller, for an HTTP request and a WebSocket upgrade alike (a refusal
+    before a WebSocket is accepted is its HTTP answer: 401)."""
+    secret = bearer_secret(conn.headers.get("authorization", ""))
     if not secret:
         raise HTTPException(401, MISSING, headers=CHALLENGE)
     found = await lookup(gw, secret)

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import Depends, Request
+from fastapi import Depends
+from starlette.requests import HTTPConnection
 
 from .state import Gateway as GatewayState
 
 
-def gateway(request: Request) -> GatewayState:
-    return request.app.state.gateway
+def gateway(conn: HTTPConnection) -> GatewayState:  # a request or a WebSocket
+    return conn.app.state.gateway
 
 
 Gateway = Annotated[GatewayState, Depends(gateway)]

@@ -14,7 +14,7 @@ import logging
 import re
 import time
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Awaitable, Callable, Sequence
 
 from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import JSONResponse, Response
@@ -160,6 +160,33 @@ def timing_of(began: float, acquired: float, slot: Slot) -> Callable[[float], st
     return lambda head: server_timing.header(server_timing.phases(began, acquired, head, seen, restored))
 
 
+def requester(gw: GatewayState, dep: Deployment, caller: Caller, correlation: str) -> Callable[[], Awaitable[str]]:
+    """What a waiting call runs to ask for one more container of `dep` (router.acquire)."""
+    async def request_container() -> str:
+        refs = await available_checkpoints(gw, dep) if dep.spec.checkpoint_enabled else ()
+        event = container_requested(dep, restore_choice(dep.spec, refs), uuid7())
+        gw.container_deployment[event.container_id] = route_key(dep.workspace, dep.deployment_id)
+        await gw.publish(event, caller.workspace, correlation)
+        return event.container_id
+    return request_container
+
+
+def not_acquired(exc: Exception, name: str, correlation: str) -> JSONResponse:
+    """The answer to a call that got no slot: a full queue (429), no container in time (503), or the
+    container started for it failed (502). A refused WebSocket upgrade gets the same answer."""
+    if isinstance(exc, QueueFull):
+        return JSONResponse({"detail": f"the queue is full: {exc}; try again shortly", "correlation_id": correlation},
+                            status_code=429, headers={"Retry-After": str(QUEUE_FULL_RETRY_S)})
+    if isinstance(exc, NoCapacity):
+        return JSONResponse({"detail": f"no capacity: {exc}", "correlation_id": correlation}, status_code=503,
+                            headers={"Retry-After": "5"})
+    return JSONResponse({"detail": f"the container for {name!r} failed to start: {exc}",
+                         "correlation_id": correlation}, status_code=502)
+
+
+NOT_ACQUIRED = (QueueFull, NoCapacity, StartFailed)
+
+
 async def deliver(gw: GatewayState, request: Request, caller: Caller, dep: Deployment, subpath: str,
                   name: str) -> Response:
     length = int(request.headers.get("content-length") or 0)
@@ -169,13 +196,7 @@ async def deliver(gw: GatewayState, request: Request, caller: Caller, dep: Deplo
     correlation = uuid7()
     telemetry.correlation_id.set(correlation)  # this call's log lines carry it
     timeout = float(dep.spec.timeout_seconds)
-
-    async def request_container() -> str:
-        refs = await available_checkpoints(gw, dep) if dep.spec.checkpoint_enabled else ()
-        event = container_requested(dep, restore_choice(dep.spec, refs), uuid7())
-        gw.container_deployment[event.container_id] = route_key(dep.workspace, dep.deployment_id)
-        await gw.publish(event, caller.workspace, correlation)
-        return event.container_id
+    request_container = requester(gw, dep, caller, correlation)
 
     # a container that began stopping between being chosen and being reached answers 503 with
     # STOPPING_HEADER and reads no call; one that already ended (or is cut off) refuses the connection
@@ -187,16 +208,8 @@ async def deliver(gw: GatewayState, request: Request, caller: Caller, dep: Deplo
     for attempt in range(1 + (STOPPING_RETRIES if replayable else 0)):
         try:
             slot = await router_.acquire(timeout, request_container)
-        except QueueFull as exc:
-            return JSONResponse({"detail": f"the queue is full: {exc}; try again shortly",
-                                 "correlation_id": correlation}, status_code=429,
-                                headers={"Retry-After": str(QUEUE_FULL_RETRY_S)})
-        except NoCapacity as exc:
-            return JSONResponse({"detail": f"no capacity: {exc}", "correlation_id": correlation}, status_code=503,
-                                headers={"Retry-After": "5"})
-        except StartFailed as exc:
-            return JSONResponse({"detail": f"the container for {name!r} failed to start: {exc}",
-                                 "correlation_id": correlation}, status_code=502)
+        except NOT_ACQUIRED as exc:
+            return not_acquired(exc, name, correlation)
         try:
             response = await proxy.forward(gw.session, request, slot.address, subpath, timeout,
                                            gw.settings.gateway.max_body_bytes, router_, slot,

@@ -34,6 +34,7 @@ from . import (
     routes_tasks,
     routes_tokens,
     routes_volumes,
+    routes_websockets,
     routes_workers,
     sandbox_store,
 )
@@ -48,7 +49,7 @@ from .views_tasks import TasksView
 
 ROUTERS = (routes_tokens, routes_catalogues, routes_scaling, routes_deployments, routes_images, routes_containers, routes_checkpoints, routes_workers,
            routes_internal, routes_functions, routes_invoke, routes_volumes, routes_clusters, routes_events, routes_calls,
-           routes_stats, routes_tasks, routes_boxes, routes_sandboxes)
+           routes_stats, routes_tasks, routes_boxes, routes_websockets, routes_sandboxes)
 
 
 class GatewayService(Gateway):

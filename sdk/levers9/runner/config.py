@@ -11,7 +11,7 @@ EXIT_FAILED = 3  # import or on_start failed: the worker reports the container a
 EXIT_USAGE = 2  # the runner's own environment is wrong
 FAILED_EXIT_DELAY = 1.0  # seconds the failed health answer stays up before the exit
 STOP_GRACE_SECONDS = 10.0
-KINDS = ("endpoint", "asgi", "function")
+KINDS = ("endpoint", "asgi", "realtime", "function")
 EXECUTOR_SOCKET = f"{wire.SOCKET_DIR}/{wire.SOCKET_NAME}"
 PACKAGES_DIR = "/var/lib/levers9/packages"  # the worker binds the node's per-workspace install cache here
 
@@ -20,7 +20,7 @@ PACKAGES_DIR = "/var/lib/levers9/packages"  # the worker binds the node's per-wo
 class Config:
     module: str
     handler: str
-    kind: str = "endpoint"  # endpoint | asgi | function (a sandbox whose executor runs Python calls)
+    kind: str = "endpoint"  # endpoint | asgi | realtime (a handler per WebSocket message) | function (a sandbox whose executor runs Python calls)
     on_start: str = ""
     app_dir: str = "/app"
     host: str = "0.0.0.0"
@@ -51,7 +51,8 @@ class Config:
 
         module, handler, kind = get("MODULE"), get("HANDLER"), get("KIND", "endpoint")
         if kind not in KINDS:
-            raise ValueError(f"LEVERS9_RUNNER_KIND={kind!r} is not valid: use endpoint or asgi for an HTTP app, "
+            raise ValueError(f"LEVERS9_RUNNER_KIND={kind!r} is not valid: use endpoint or asgi for an HTTP app, realtime for "
+                             "a WebSocket message handler, "
                              "or function for a sandbox of Python function calls")
         # a function sandbox may be ad hoc: every call brings its function pickled
         if kind != "function" and (not module or not handler):

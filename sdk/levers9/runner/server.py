@@ -18,6 +18,8 @@ from levers9.runner.asgi import serve_asgi
 from levers9.runner.config import Config
 from levers9.runner.endpoint import BadRequest, serve_endpoint
 from levers9.runner.runtime import Runtime, log
+from levers9.runner.websocket import serve_websocket
+from levers9.runner.ws_frames import wants_upgrade
 
 HEALTH_PATH = "/_levers9/health"
 STATUS_PATH = "/_levers9/status"
@@ -116,6 +118,11 @@ class Handler(http.server.BaseHTTPRequestHandler):
         if rt.config.kind == "function":
             return self.send_json(404, {"error": "this is a function sandbox: its functions are called through the "
                                                  "executor's socket, not over HTTP"})
+        if wants_upgrade(self.command, self.headers.get("Upgrade", ""), self.headers.get("Connection", "")):
+            return serve_websocket(self, url)
+        if rt.config.kind == "realtime":
+            return self.send_json(426, {"error": "this is a realtime endpoint: open a WebSocket to it"},
+                                  extra=[("Upgrade", "websocket")])
         if rt.config.kind == "asgi":
             return serve_asgi(self, url, body)
         return serve_endpoint(self, url, body)
