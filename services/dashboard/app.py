@@ -23,7 +23,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from levers9.runtime.telemetry import correlation_id
 
-from . import mcp_tools, routes_events, routes_proxy, routes_session, routes_views
+from . import mcp_tools, routes_events, routes_proxy, routes_session, routes_views, routes_websockets
 from .auth import NOT_SIGNED_IN, Refused, caller
 from .fanout import CLIENT_QUEUE, KEEPALIVE_S, LINGER_S, RING, Hubs
 from .sessions import TICKET_TTL_S, Sealer, Tickets, load_key
@@ -144,7 +144,7 @@ def create(config: Config) -> tuple[Front, FastAPI]:
     async def metrics() -> Response:
         return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
 
-    for module in (routes_session, routes_views, routes_proxy, routes_events):
+    for module in (routes_session, routes_views, routes_proxy, routes_events, routes_websockets):
         app.include_router(module.router)
 
     # HEAD too: Next's client checks the current URL with one after a failed fetch
