@@ -122,3 +122,13 @@ def test_with_takes_flat_names_and_parses_them():
         Settings().with_(nats="x")
     with pytest.raises(SettingError, match="worker_criu = 'later'"):
         Settings().with_(worker_criu="later")
+
+
+def test_the_gateways_websocket_limits_are_typed_settings_of_its_group():
+    s = Settings.load(env={"LEVERS9_WEBSOCKET_IDLE_TIMEOUT_S": "30", "LEVERS9_WEBSOCKET_MAX_MESSAGE_BYTES": "65536"},
+                      profile=Path("/nonexistent"))
+    assert (s.gateway.websocket_idle_timeout_s, s.gateway.websocket_max_message_bytes) == (30, 65536)
+    assert (Settings().gateway.websocket_idle_timeout_s, Settings().gateway.websocket_max_message_bytes) == \
+        (300, 1024 * 1024)
+    with pytest.raises(SettingError, match="LEVERS9_WEBSOCKET_MAX_MESSAGE_BYTES = '1MiB': use a whole number"):
+        Settings.load(env={"LEVERS9_WEBSOCKET_MAX_MESSAGE_BYTES": "1MiB"}, profile=Path("/nonexistent"))
