@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import codecs
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 from fastapi import APIRouter, HTTPException, Request
@@ -119,7 +119,8 @@ async def exec_in_sandbox(sandbox_id: str, request: Request, caller: User, gw: G
     return StreamingResponse(ndjson(first, frames), media_type="application/x-ndjson")
 
 
-async def ndjson(first: dict[str, Any], frames: AsyncIterator[tuple[dict[str, Any], bytes]]) -> AsyncIterator[bytes]:
+async def ndjson(first: dict[str, Any], frames: AsyncGenerator[tuple[dict[str, Any], bytes], None]
+                 ) -> AsyncIterator[bytes]:
     """The exec as lines of JSON, each sent as soon as its bytes came (text decoded per stream: a
     character split between two chunks is joined, not replaced)."""
     decoders = {1: codecs.getincrementaldecoder("utf-8")("replace"), 2: codecs.getincrementaldecoder("utf-8")("replace")}

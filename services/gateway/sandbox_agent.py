@@ -10,7 +10,7 @@ relay-next).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Any
 
 from levers9.executor import wire
@@ -82,7 +82,7 @@ async def request(address: str, header: dict[str, Any], body: bytes = b"") -> tu
     return answer, data
 
 
-async def exec_frames(address: str, header: dict[str, Any]) -> AsyncIterator[tuple[dict[str, Any], bytes]]:
+async def exec_frames(address: str, header: dict[str, Any]) -> AsyncGenerator[tuple[dict[str, Any], bytes], None]:
     """An exec's frames as they come: started, stream..., exit. A caller that stops reading closes
     the connection (the program runs on in the sandbox); AgentError when the agent refused."""
     host, port, (reader, writer) = await _open(address)
