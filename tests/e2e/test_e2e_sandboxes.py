@@ -19,7 +19,7 @@ from _e2e import api, bus_auth, cli, wait_until
 
 from levers9.client import Client
 from levers9.executor.sandbox_rules import MAX_FILE_BYTES
-from levers9.sandbox import Sandbox
+from levers9.sandbox import Sandbox, SandboxError
 
 pytestmark = pytest.mark.slow
 
@@ -61,7 +61,10 @@ def test_exec_streams_output_before_the_program_ends_and_takes_stdin(sb):
     lines = iter(p.stdout)
     assert next(lines) == "ready\n"
     assert p.poll() is None  # the first line came while the program waits on its stdin
-    p.stdin.write("olleh\n")
+    try:
+        p.stdin.write("olleh\n")
+    except SandboxError as exc:
+        raise AssertionError(f"{exc}; the program's stderr: {p.stderr.read()!r}, exit {p.wait(30)}") from None
     p.stdin.close()
     assert list(lines) == ["hello\n"] and p.wait() == 4
     env = sb.exec("sh", "-c", "echo $GREETING from $(pwd)")

@@ -110,7 +110,10 @@ def test_stdin_close_ends_a_reader_and_an_unknown_exec_is_404(agent):
             got += frame[1]
     assert got == b"abc" and frame[0]["code"] == 0
     refused, _ = ask(agent, {"kind": "stdin", "exec_id": "nope"}, b"x")
-    assert refused == {"kind": "error", "status": 404, "error": refused["error"]} and "no running exec" in refused["error"]
+    assert refused == {"kind": "error", "status": 404, "error": refused["error"]} and "no exec" in refused["error"]
+    ended, _ = ask(agent, {"kind": "stdin", "exec_id": started["exec_id"]}, b"x")
+    assert ended["status"] == 409 and "has ended (exit code 0)" in ended["error"]
+    assert ask(agent, {"kind": "stdin", "exec_id": started["exec_id"], "close": True})[0]["kind"] == "ok"  # a no-op
 
 
 def test_a_missing_program_exits_127_with_its_error_on_stderr(agent):

@@ -44,7 +44,8 @@ from levers9.executor.sandbox_rules import (
 KINDS = frozenset({"exec", "stdin", "file-write", "file-read", "file-ls", "file-rm"})
 CHUNK = 1 << 16
 DEFAULT_ROOT = "/sandbox"
-PIPE_GRACE_S = 0.5  # after the program exited, how long its pipes may stay open (a child it left behind)
+PIPE_GRACE_S = 0.5
+ENDED_KEPT = 256  # after the program exited, how long its pipes may stay open (a child it left behind)
 
 
 class Host(Protocol):
@@ -59,6 +60,7 @@ class Execs:
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.running: dict[str, subprocess.Popen[bytes]] = {}
+        self.ended: dict[str, int] = {}  # the latest ENDED_KEPT execs that ended, and their exit codes
         self.ids = itertools.count(1)
 
     def add(self, proc: subprocess.Popen[bytes]) -> str:
@@ -70,13 +72,19 @@ class Execs:
     def get(self, exec_id: str) -> subprocess.Popen[bytes]:
         with self.lock:
             proc = self.running.get(exec_id)
+            code = self.ended.get(exec_id)
+        if code is not None:
+            raise Refused(409, f"exec {exec_id} has ended (exit code {code}): its stdin is closed")
         if proc is None:
-            raise Refused(404, f"no running exec {exec_id!r} in this sandbox (it ended, or never ran here)")
+            raise Refused(404, f"no exec {exec_id!r} in this sandbox")
         return proc
 
-    def drop(self, exec_id: str) -> None:
+    def drop(self, exec_id: str, code: int) -> None:
         with self.lock:
             self.running.pop(exec_id, None)
+            self.ended[exec_id] = code
+            while len(self.ended) > ENDED_KEPT:
+                self.ended.pop(next(iter(self.ended)))
 
 
 class Sender:
@@ -151,7 +159,7 @@ def run_exec(out: Sender, header: dict[str, Any], execs: Execs) -> None:
     code = exit_code(proc.wait())
     for t in pumps:
         t.join(PIPE_GRACE_S)
-    execs.drop(exec_id)
+    execs.drop(exec_id, code)
     out.send({"kind": "exit", "code": code})
 
 
@@ -167,7 +175,12 @@ def pump(pipe: Any, fd: int, out: Sender) -> None:
 
 
 def write_stdin(header: dict[str, Any], body: bytes, execs: Execs) -> tuple[dict[str, Any], bytes]:
-    proc = execs.get(str(header.get("exec_id", "")))
+    try:
+        proc = execs.get(str(header.get("exec_id", "")))
+    except Refused as exc:
+        if exc.status == 409 and header.get("close") and not body:  # closing what already ended: done
+            return {"written": 0}, b""
+        raise
     assert proc.stdin is not None
     try:
         if body:
