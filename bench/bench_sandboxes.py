@@ -128,7 +128,10 @@ def main() -> None:
             log("exec round trips ...")
             doc["exec"] = exec_round_trips(c, args.execs)
             log("restore vs create + setup ...")
-            doc["restore"] = restore_vs_setup(c, args.restores)
+            try:
+                doc["restore"] = restore_vs_setup(c, args.restores)
+            except Exception as exc:  # noqa: BLE001 - recorded: the other figures stand
+                doc["restore"] = {"error": f"{type(exc).__name__}: {exc}"}
         doc["load_average"] = {"before": [round(x, 2) for x in load_before],
                                "after": [round(x, 2) for x in os.getloadavg()]}
     write_results("bench_sandboxes", doc)

@@ -116,6 +116,10 @@ def serve(sock: socket.socket, header: dict[str, Any], body: bytes, host: Host, 
         _send_quietly(sock, {"kind": "error", "status": exc.status, "error": str(exc)})
     except OSError as exc:
         _send_quietly(sock, {"kind": "error", **os_refusal(exc, str(header.get("path", "")))})
+    except Exception as exc:  # noqa: BLE001 - a bug here answers with what it was, never a bare reset
+        _send_quietly(sock, {"kind": "error", "status": 500, "error": f"the sandbox's agent failed: "
+                                                                      f"{type(exc).__name__}: {exc}"})
+        raise
     finally:
         host.end()
 
