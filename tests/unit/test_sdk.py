@@ -171,7 +171,8 @@ def test_spec_has_exactly_the_documented_keys_and_defaults():
                     "max_pending": 1000, "buffer_containers": 0, "target_concurrency": 0, "scaledown_window": None,
                     "warm_schedule": {}, "warm_schedule_timezone": "UTC"},
         "timeout_seconds": 180, "secrets": [], "env": {}, "checkpoint_enabled": False, "pool": "default",
-        "function": None, "volumes": [], "buckets": [], "task_queue": None, "schedule": None, "box": None}
+        "function": None, "volumes": [], "buckets": [], "task_queue": None, "schedule": None, "box": None,
+        "sandbox": None}
     assert handler(x=3) == 6  # still callable locally
 
 
