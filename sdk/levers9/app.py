@@ -51,7 +51,8 @@ __all__ = ["App", "CloudBucket", "ConfigError", "Image", "Secret", "Volume", "lo
 # the top-level keys of DeploymentSpec, the ones a spec may have (image_ref is the gateway's: the SDK
 # never sends it)
 SPEC_KEYS = ("name", "app_name", "code", "image", "image_ref", "resources", "scaling", "timeout_seconds", "secrets",
-             "env", "checkpoint_enabled", "pool", "function", "volumes", "buckets", "task_queue", "schedule", "box")
+             "env", "checkpoint_enabled", "pool", "function", "volumes", "buckets", "task_queue", "schedule", "box",
+             "sandbox")
 
 # ---- App -----------------------------------------------------------------------------------------
 
