@@ -183,7 +183,8 @@ class Containers(Mapping[str, Running]):
         deadline = time.monotonic() + patience
         box = boxes.box_of(c.spec)
         last: boxes.Probe | None = None
-        async with httpx.AsyncClient(timeout=2.0) as client:
+        # to the container's own address only: no proxy from the worker's environment, no redirect
+        async with httpx.AsyncClient(timeout=2.0, trust_env=False, follow_redirects=False) as client:
             while time.monotonic() < deadline and not c.stopping:
                 ended = await self.runtime.poll(c.container_id)
                 if ended is not None:
