@@ -97,19 +97,7 @@ def service(name: str = typer.Argument(..., help=f"one of: {', '.join(SERVICES)}
 
     cls = service_class(name)
     s = settings()
-    with asyncio.Runner(loop_factory=service_loop(name)) as runner:
-        runner.run(cls(s.with_(service=name)).run())
-
-
-def service_loop(name: str):
-    """uvloop's event loop for the gateway, whose one thread serves every call, put and task
-    (bench_tasks: its loop was busy all the time); asyncio's for the others (the worker's
-    subprocesses and FUSE threads stay on the loop they were tested on)."""
-    if name != "gateway":
-        return None
-    import uvloop
-
-    return uvloop.new_event_loop
+    asyncio.run(cls(s.with_(service=name)).run())
 
 
 @app.command()
