@@ -23,7 +23,7 @@ WHY = {
          "with a token of another workspace), or the request asks for what is refused (the detail says what).",
     404: "No such object in the caller's workspace.",
     409: "The object's state does not allow this now (the detail says why).",
-    410: "That version of the endpoint was stopped or deleted.",
+    410: "It has ended: that version of the endpoint was stopped or deleted, or the sandbox was terminated.",
     413: "The body (or a code archive, unpacked) is over the gateway's limit: the detail names it.",
     422: "The body or a parameter does not validate.",
     429: "The deployment's wait queue is full (its max_pending calls already wait): retry after Retry-After seconds.",
@@ -50,6 +50,7 @@ BY_MODULE: dict[str, tuple[int, ...]] = {
     "routes_functions": (400, 404, 409, 413, 500, 502, 504),
     "routes_invoke": (404, 410, 413, 429, 502, 504),
     "routes_boxes": (404, 413, 429, 502, 504),
+    "routes_sandboxes": (400, 404, 409, 410, 413, 500, 502, 504),  # the agent's own answers pass through
     "routes_volumes": (400, 404, 409, 413),
     "routes_clusters": (400, 404, 409),
     "routes_events": (),

@@ -36,6 +36,8 @@ from .auth import User
 from .deps import Gateway
 
 router = APIRouter()
+# stdin and a file's content are bytes as sent, never JSON (body_rules.py): said so in the spec
+RAW_BODY = {"requestBody": {"content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}}}
 BASE = "/api/v1/sandboxes"
 
 
@@ -144,7 +146,7 @@ def line(doc: dict[str, Any]) -> bytes:
     return json.dumps(doc, separators=(",", ":")).encode() + b"\n"
 
 
-@router.post(BASE + "/{sandbox_id}/exec/{exec_id}/stdin")
+@router.post(BASE + "/{sandbox_id}/exec/{exec_id}/stdin", openapi_extra=RAW_BODY)
 async def write_stdin(sandbox_id: str, exec_id: str, request: Request, caller: User, gw: Gateway,
                       close: bool = False) -> dict[str, Any]:
     found = await _found(gw, caller.workspace, sandbox_id)
@@ -152,7 +154,7 @@ async def write_stdin(sandbox_id: str, exec_id: str, request: Request, caller: U
     return {"written": answer.get("written", 0), "closed": close}
 
 
-@router.put(BASE + "/{sandbox_id}/files")
+@router.put(BASE + "/{sandbox_id}/files", openapi_extra=RAW_BODY)
 async def write_file(sandbox_id: str, path: str, request: Request, caller: User, gw: Gateway) -> dict[str, Any]:
     found = await _found(gw, caller.workspace, sandbox_id)
     where = _path(found, path)

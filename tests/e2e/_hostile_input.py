@@ -98,7 +98,8 @@ def test_a_decompression_bomb_deploy_is_413_and_health_answers_meanwhile(hostile
 
 def _json_operations(env: dict) -> list[tuple[str, str]]:
     """(METHOD, path with its parameters filled) of every gateway route that takes a JSON body: every
-    operation with a body method, but multipart ones (a deploy), raw file puts and proxied calls."""
+    operation with a body method, but multipart ones (a deploy), raw file puts, bodies documented as
+    bytes and proxied calls."""
     spec = httpx.get(_profile(env)["gateway_url"] + "/openapi.json", timeout=60).json()
     ops = []
     for path, item in spec["paths"].items():
@@ -106,7 +107,8 @@ def _json_operations(env: dict) -> list[tuple[str, str]]:
             continue
         for method, op in item.items():
             content = op.get("requestBody", {}).get("content", {})
-            if method in BODY_METHODS and not any(k.startswith("multipart/") for k in content):
+            raw = content and "application/json" not in content  # documented bytes (a sandbox's stdin, a file)
+            if method in BODY_METHODS and not raw and not any(k.startswith("multipart/") for k in content):
                 filled = path
                 for name in [seg[1:-1] for seg in path.split("/") if seg.startswith("{")]:
                     filled = filled.replace(f"{{{name}}}", PARAMS.get(name, "hostile1"))
