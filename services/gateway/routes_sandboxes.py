@@ -38,6 +38,11 @@ from .deps import Gateway
 router = APIRouter()
 # stdin and a file's content are bytes as sent, never JSON (body_rules.py): said so in the spec
 RAW_BODY = {"requestBody": {"content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}}}
+# ... and what an exec streams and a file read answers (besides JSON errors)
+NDJSON_OUT = {"responses": {"200": {"description": "The exec's output, one JSON object a line, as written",
+                                    "content": {"application/x-ndjson": {"schema": {"type": "string"}}}}}}
+BYTES_OUT = {"responses": {"200": {"description": "The file's bytes",
+                                   "content": {"application/octet-stream": {"schema": {"type": "string"}}}}}}
 BASE = "/api/v1/sandboxes"
 
 
@@ -100,7 +105,7 @@ async def terminate_sandbox(sandbox_id: str, caller: User, gw: Gateway) -> dict[
     return {"sandbox_id": sandbox_id, "terminated": True}
 
 
-@router.post(BASE + "/{sandbox_id}/exec")
+@router.post(BASE + "/{sandbox_id}/exec", openapi_extra=NDJSON_OUT)
 async def exec_in_sandbox(sandbox_id: str, request: Request, caller: User, gw: Gateway) -> StreamingResponse:
     try:
         ask = json.loads(await request.body() or b"{}")
@@ -167,7 +172,7 @@ async def write_file(sandbox_id: str, path: str, request: Request, caller: User,
     return {"path": where, "size": answer.get("size", len(body))}
 
 
-@router.get(BASE + "/{sandbox_id}/files")
+@router.get(BASE + "/{sandbox_id}/files", openapi_extra=BYTES_OUT)
 async def read_file(sandbox_id: str, path: str, caller: User, gw: Gateway) -> Response:
     found = await _found(gw, caller.workspace, sandbox_id)
     _, data = await _ask(found, {"kind": "file-read", "root": found.workdir, "path": _path(found, path)})
