@@ -40,7 +40,7 @@ def body_rule(method: str, path: str, *, code_limit: int, file_limit: int, call_
         return BodyRule(code_limit + FORM_OVERHEAD, False, "a deploy (its spec and code archive)")
     if path.startswith("/api/v1/volumes/") and "/files/" in path:
         return BodyRule(file_limit, False, "a file put into a volume")
-    if path.startswith("/api/v1/sandboxes/") and path.endswith(("/files", "/stdin")):  # bytes, not JSON
+    if path.startswith("/api/v1/sandboxes/") and raw_sandbox_body(method, path):  # bytes, not JSON
         return BodyRule(MAX_FILE_BYTES if path.endswith("/files") else API_JSON_LIMIT, False,
                         "a file written into a sandbox" if path.endswith("/files") else "a sandbox program's stdin")
     if path == "/api/v1/catalogues":
@@ -52,6 +52,13 @@ def body_rule(method: str, path: str, *, code_limit: int, file_limit: int, call_
     if path.startswith("/taskqueue/"):
         return BodyRule(TASK_PAYLOAD_LIMIT, True, "a task's arguments")
     return BodyRule(API_JSON_LIMIT, True, "a JSON body of the API")
+
+
+def raw_sandbox_body(method: str, path: str) -> bool:
+    """A file's content (PUT .../files) or a program's stdin (POST .../stdin): bytes as sent. Any other
+    body on those paths (a DELETE's) is held to the JSON rules like the rest of the API."""
+    m = method.upper()
+    return (m == "PUT" and path.endswith("/files")) or (m == "POST" and path.endswith("/stdin"))
 
 
 def mib(n: int) -> str:
