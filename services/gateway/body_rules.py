@@ -55,10 +55,10 @@ def body_rule(method: str, path: str, *, code_limit: int, file_limit: int, call_
 
 
 def raw_sandbox_body(method: str, path: str) -> bool:
-    """A file's content (PUT .../files) or a program's stdin (POST .../stdin): bytes as sent. Any other
-    body on those paths (a DELETE's) is held to the JSON rules like the rest of the API."""
-    m = method.upper()
-    return (m == "PUT" and path.endswith("/files")) or (m == "POST" and path.endswith("/stdin"))
+    """A file's content (PUT .../files) or a program's stdin (POST .../stdin): bytes as sent, also for
+    a method the route does not take (it answers 405, not a JSON rule's 400). A DELETE of a file is
+    an API call like the rest: its body is held to the JSON rules."""
+    return path.endswith("/stdin") or (path.endswith("/files") and method.upper() != "DELETE")
 
 
 def mib(n: int) -> str:

@@ -269,14 +269,16 @@ async def test_a_bomb_deploy_is_413_and_the_loop_answers_while_it_is_looked_into
     assert r.status_code == 413 and "the limit is 256 MiB unpacked" in r.json()["detail"]
 
 
-def test_only_a_sandbox_files_put_and_stdin_post_are_bytes_every_other_body_there_is_json():
+def test_a_sandbox_files_and_stdin_bodies_are_bytes_but_a_files_delete_is_json():
     """CI: a DELETE .../files with a deep JSON body reached the route (404) instead of the JSON rule's 400."""
     from levers9.gateway.body_rules import body_rule
 
     limits = {"code_limit": 1 << 20, "file_limit": 1 << 20, "call_limit": 1 << 20}
     put = body_rule("PUT", "/api/v1/sandboxes/s1/files", **limits)
     stdin = body_rule("POST", "/api/v1/sandboxes/s1/exec/e1/stdin", **limits)
+    trace = body_rule("TRACE", "/api/v1/sandboxes/s1/files", **limits)  # the route's 405, not a JSON 400
     assert put is not None and not put.json and stdin is not None and not stdin.json
+    assert trace is not None and not trace.json
     for method, path in (("DELETE", "/api/v1/sandboxes/s1/files"), ("POST", "/api/v1/sandboxes/s1/exec"),
                          ("POST", "/api/v1/sandboxes/s1/snapshot"), ("DELETE", "/api/v1/sandboxes/s1")):
         rule = body_rule(method, path, **limits)
