@@ -89,18 +89,24 @@ async def adhoc(gw: GatewayState, workspace: str, spec: DeploymentSpec, progress
             spec = msgspec.structs.replace(spec, image_ref=await built_image(gw, workspace, spec, progress))
         elif spec.resources.gpus == 0:  # no image of its own: the flavor's catalogue image, when there is one
             spec = msgspec.structs.replace(spec, image_ref=await catalogue_image(gw))
-        event = E.DeploymentCreated(deployment_id=f"{spec.name}-v1", name=spec.name, version=1, spec=spec)
-        try:
-            appended = await gw.bus.append(envelope(event, workspace=workspace), 0)
-            await gw.wait_projected(appended.seq, "deployments")
-        except ConcurrencyConflict:  # another call created it first
-            await asyncio.sleep(0.2)
-        row = await gw.pool.fetchrow("SELECT * FROM gateway.deployments WHERE workspace=$1 AND name=$2 "
-                                     "ORDER BY version DESC LIMIT 1", workspace, spec.name)
+        row = await create_first_version(gw, workspace, spec)
         if row is None:
             raise TargetError("UNAVAILABLE", f"the sandbox deployment {spec.name} is not projected yet; try again")
     dep = gw.deployments[key] = Deployment.from_row(row)
     return dep
+
+
+async def create_first_version(gw: GatewayState, workspace: str, spec: DeploymentSpec) -> Any:
+    """Append version 1 of `spec`'s deployment (a create that loses the race to another caller's is
+    fine) and read back its newest row; None when it is not projected yet."""
+    event = E.DeploymentCreated(deployment_id=f"{spec.name}-v1", name=spec.name, version=1, spec=spec)
+    try:
+        appended = await gw.bus.append(envelope(event, workspace=workspace), 0)
+        await gw.wait_projected(appended.seq, "deployments")
+    except ConcurrencyConflict:  # another call created it first
+        await asyncio.sleep(0.2)
+    return await gw.pool.fetchrow("SELECT * FROM gateway.deployments WHERE workspace=$1 AND name=$2 "
+                                  "ORDER BY version DESC LIMIT 1", workspace, spec.name)
 
 
 _catalogue_images: dict[str, tuple[float, Any]] = {}

@@ -18,8 +18,8 @@ from typing import Any
 
 import msgspec
 
-from levers9.contracts import envelope, uuid7
 from levers9.contracts import events as E
+from levers9.contracts import uuid7
 from levers9.contracts.sandboxes import (
     LIVE,
     SESSION_PREFIX,
@@ -30,9 +30,8 @@ from levers9.contracts.sandboxes import (
     status_of,
 )
 from levers9.contracts.spec import DeploymentSpec
-from levers9.runtime.bus import ConcurrencyConflict
 
-from .function_targets import TargetError, built_image
+from .function_targets import TargetError, built_image, create_first_version
 from .router import DeploymentRouter, NoCapacity, StartFailed
 from .routes_invoke import checkpoint_ref
 from .state import Deployment
@@ -96,14 +95,7 @@ async def deployment_of(gw: GatewayState, workspace: str, spec: DeploymentSpec) 
             spec = msgspec.structs.replace(spec, image_ref=await built_image(gw, workspace, spec, quiet))
         except TargetError as exc:
             raise SandboxError(422 if exc.code == "FAILED_PRECONDITION" else 504, str(exc)) from None
-    event = E.DeploymentCreated(deployment_id=f"{spec.name}-v1", name=spec.name, version=1, spec=spec)
-    try:
-        appended = await gw.bus.append(envelope(event, workspace=workspace), 0)
-        await gw.wait_projected(appended.seq, "deployments")
-    except ConcurrencyConflict:  # another create made it first
-        await asyncio.sleep(0.2)
-    row = await gw.pool.fetchrow("SELECT * FROM gateway.deployments WHERE workspace=$1 AND name=$2 "
-                                 "ORDER BY version DESC LIMIT 1", workspace, spec.name)
+    row = await create_first_version(gw, workspace, spec)
     if row is None:
         raise SandboxError(503, f"the sandbox deployment {spec.name} is not projected yet: try again")
     return Deployment.from_row(row)
