@@ -1,5 +1,5 @@
 """The dashboard's FastAPI app, put together: sessions, the pass-through and actions, the composed
-views, `/events`, `/mcp`, the web app, `/healthz` and `/metrics`.
+views, `/events`, `/mcp`, WebSockets, notebooks (`/nb/`), the web app, `/healthz` and `/metrics`.
 
 `/mcp` is routed before FastAPI sees it: only a bearer token of a workspace gets through (no
 cookie: an agent is not a browser), then the SDK's streamable-HTTP app answers. Every request runs
@@ -23,7 +23,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from levers9.runtime.telemetry import correlation_id
 
-from . import mcp_tools, routes_events, routes_proxy, routes_session, routes_views, routes_websockets
+from . import mcp_tools, routes_events, routes_notebooks, routes_proxy, routes_session, routes_views, routes_websockets
 from .auth import NOT_SIGNED_IN, Refused, caller
 from .fanout import CLIENT_QUEUE, KEEPALIVE_S, LINGER_S, RING, Hubs
 from .sessions import TICKET_TTL_S, Sealer, Tickets, load_key
@@ -50,7 +50,7 @@ class Config:
 
 def kind_of(path: str) -> str:
     for prefix, kind in (("/api/v1/", "passthrough"), ("/api/", "api"), ("/events", "events"), ("/mcp", "mcp"),
-                         ("/healthz", "health"), ("/metrics", "metrics")):
+                         ("/healthz", "health"), ("/metrics", "metrics"), ("/nb/", "notebook")):
         if path.startswith(prefix):
             return kind
     return "page"
@@ -144,7 +144,7 @@ def create(config: Config) -> tuple[Front, FastAPI]:
     async def metrics() -> Response:
         return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
 
-    for module in (routes_session, routes_views, routes_proxy, routes_events, routes_websockets):
+    for module in (routes_session, routes_views, routes_proxy, routes_events, routes_websockets, routes_notebooks):
         app.include_router(module.router)
 
     # HEAD too: Next's client checks the current URL with one after a failed fetch

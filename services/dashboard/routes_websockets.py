@@ -8,14 +8,19 @@ and the browser would send our cookie with it, a cookie-authenticated upgrade mu
 dashboard's own Origin (ws_rules.cross_site_upgrade). A program may send `Authorization: Bearer`
 instead (checked by the gateway's whoami). Nothing of the session goes on: not the token to the
 container (the gateway drops it), not the session's cookies to the gateway. The size and idle
-limits are the gateway's.
+limits are the gateway's. The path goes on as the caller wrote it (no dot segment resolved, no
+escape decoded); routes_notebooks relays `/nb/NAME/...` sockets through `proxy` with its own path.
 """
 
 from __future__ import annotations
 
+from urllib.parse import quote
+
 import aiohttp
+import yarl
 from fastapi import APIRouter, WebSocket
 from fastapi.responses import JSONResponse
+from starlette.types import Scope
 
 from levers9.runtime.ws_relay import Limits, relay
 from levers9.runtime.ws_rules import cross_site_upgrade, forwarded_headers, handshake_refusal, subprotocols
@@ -28,6 +33,7 @@ router = APIRouter()
 
 SESSION_COOKIES = frozenset({SESSION_COOKIE, CSRF_COOKIE})
 CONTAINER_HEADER = "x-levers9-container-id"
+URL_SAFE = "!#$%&'()*+,/:;=?@[]~"  # kept as they are; anything else (a space, a byte over 127) is escaped
 
 
 def page_origin(ws_scheme: str, host: str) -> str:
@@ -35,8 +41,16 @@ def page_origin(ws_scheme: str, host: str) -> str:
     return f"{'https' if ws_scheme == 'wss' else 'http'}://{host}"
 
 
-def gateway_ws_url(base_url: str, raw_path: str, query: str) -> str:
-    return base_url.rstrip("/") + raw_path + (f"?{query}" if query else "")
+def raw_path(scope: Scope) -> str:
+    """The request's path as the caller wrote it (percent-encoding kept), without its query."""
+    return (scope.get("raw_path") or scope["path"].encode()).decode("latin-1")
+
+
+def gateway_ws_url(base_url: str, path: str, query: str) -> yarl.URL:
+    """The gateway's URL for `path` and `query`, sent as written: no dot segment resolved, no
+    percent-escape decoded (a plain string would have yarl turn `/box/x/%2e%2e/` into `/`)."""
+    url = base_url.rstrip("/") + path + (f"?{query}" if query else "")
+    return yarl.URL(quote(url, safe=URL_SAFE), encoded=True)
 
 
 async def token_of(websocket: WebSocket) -> tuple[str, int, str]:
@@ -66,18 +80,18 @@ async def deny(websocket: WebSocket, status: int, detail: str) -> None:
     await websocket.send_denial_response(JSONResponse({"detail": detail}, status_code=status))
 
 
-async def proxy(websocket: WebSocket) -> None:
+async def proxy(websocket: WebSocket, path: str) -> None:
+    """Relay `websocket` to the gateway's `path` (raw, as it goes: the caller's query is added)."""
     token, status, why = await token_of(websocket)
     if status:
         return await deny(websocket, status, why)
     upstream: Upstream = websocket.app.state.upstream
-    raw = (websocket.scope.get("raw_path") or websocket.url.path.encode()).decode("latin-1")
     headers = forwarded_headers(list(websocket.headers.items()), SESSION_COOKIES)
     headers["Authorization"] = f"Bearer {token}"
     protocols = list(websocket.scope.get("subprotocols") or ()) or subprotocols(list(websocket.headers.items()))
     async with aiohttp.ClientSession() as session:
         try:
-            gateway = await session.ws_connect(gateway_ws_url(upstream.base_url, raw, websocket.url.query),
+            gateway = await session.ws_connect(gateway_ws_url(upstream.base_url, path, websocket.url.query),
                                                headers=headers, protocols=protocols, max_msg_size=0,
                                                timeout=aiohttp.ClientWSTimeout(ws_receive=None, ws_close=10.0))
         except aiohttp.WSServerHandshakeError as exc:
@@ -93,9 +107,9 @@ async def proxy(websocket: WebSocket) -> None:
 
 @router.websocket("/endpoint/{rest:path}")
 async def endpoint(websocket: WebSocket, rest: str) -> None:
-    await proxy(websocket)
+    await proxy(websocket, raw_path(websocket.scope))
 
 
 @router.websocket("/box/{rest:path}")
 async def box(websocket: WebSocket, rest: str) -> None:
-    await proxy(websocket)
+    await proxy(websocket, raw_path(websocket.scope))

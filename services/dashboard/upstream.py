@@ -66,9 +66,11 @@ class Upstream:
         return r.status_code, body, r.headers
 
     async def open_stream(self, method: str, token: str, path: str, *, params: Any = None,
-                          headers: dict[str, str] | None = None, timeout: httpx.Timeout | None = None) -> httpx.Response:
-        """A response whose body is read as it comes (the caller closes it)."""
-        req = self.http.build_request(method, f"{self.base_url}{path}", params=params,
+                          headers: dict[str, str] | None = None, timeout: httpx.Timeout | None = None,
+                          content: AsyncIterator[bytes] | None = None) -> httpx.Response:
+        """A response whose body is read as it comes (the caller closes it); `content`, a body sent
+        as it comes. `path` may carry its query (percent-encoding kept as written)."""
+        req = self.http.build_request(method, f"{self.base_url}{path}", params=params, content=content,
                                       headers={**self.auth(token), **(headers or {})},
                                       timeout=timeout or httpx.Timeout(30.0, connect=5.0, read=None))
         try:
