@@ -55,6 +55,12 @@ def restore_choice(spec: DeploymentSpec, available: Sequence[CheckpointRef]) -> 
     return RestoreChoice(available[0], "")
 
 
+def idle_checkpoint(spec: DeploymentSpec | None) -> bool:
+    """Whether a container of `spec` is dumped before it is scaled in or drained, and its next start
+    restores that newest dump (a box with idle_checkpoint: a notebook's kernels keep their memory)."""
+    return bool(spec is not None and spec.box is not None and spec.box.idle_checkpoint and spec.checkpoint_enabled)
+
+
 def cold_fallback_note(checkpoint: CheckpointRef, why_not: str) -> str:
     """The scheduler's note when no worker can restore `checkpoint` and the container starts cold."""
     return f"cold: no worker can restore its checkpoint {checkpoint.checkpoint_id} ({why_not})"

@@ -172,6 +172,9 @@ class BoxOptions(msgspec.Struct, frozen=True, kw_only=True):
     command: Annotated[list[BoxArgument], Meta(min_length=1, max_length=MAX_BOX_ARGUMENTS)]
     port: Annotated[int, Meta(ge=1, le=65535)]
     ready_path: ReadyPath | None = None
+    # dumped when it is stopped for being idle (or drained), and the next start restores that dump:
+    # its processes' memory comes back as they left it (a notebook's kernels keep their variables)
+    idle_checkpoint: bool = False
 
     def __post_init__(self) -> None:
         if not self.command[0].strip():
@@ -224,6 +227,9 @@ class DeploymentSpec(msgspec.Struct, frozen=True, kw_only=True):
             raise ValueError("task_queue and schedule are options of a deployed function (code.kind 'function')")
         if self.sandbox and (self.code.kind != "function" or self.code.module):
             raise ValueError("sandbox: only a sandbox's deployment (code.kind 'function', no module) has it")
+        if self.box and self.box.idle_checkpoint and not self.checkpoint_enabled:
+            raise ValueError("box.idle_checkpoint: a box dumped when idle restores that dump only with "
+                             "checkpoint_enabled=True")
 
 
 

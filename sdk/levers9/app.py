@@ -151,12 +151,15 @@ class App:
         """
         return self._decorator("endpoint", func, options)
 
-    def box(self, name: str, *, command: Any, port: Any, ready_path: Any = None, **options: Any) -> None:
+    def box(self, name: str, *, command: Any, port: Any, ready_path: Any = None, idle_checkpoint: Any = False,
+            **options: Any) -> None:
         """Deploy any program that listens on a port: `command` (a list: the program and its arguments,
         run as the container's process in `image`, cwd /app holding this file's directory) listening
         on `port`, reached at {gateway}/box/NAME/... (any method, path and query). It is ready once the
         port accepts a connection (or `ready_path` answers 2xx); with checkpoint_enabled it is dumped
-        then and the next start restores. Its stdout and stderr are its log.
+        then and the next start restores. Its stdout and stderr are its log. With idle_checkpoint
+        (and checkpoint_enabled) it is dumped again when it is stopped for being idle, and the next
+        start restores that: its memory comes back as it was left.
 
             app.box("files", command=["python3", "-m", "http.server", "8000"], port=8000)
 
@@ -167,7 +170,23 @@ class App:
         from levers9.box_options import box_section, refuse_runner_options
 
         refuse_runner_options(options)
-        self._register("box", None, name=name, box=box_section(command, port, ready_path), **options)
+        self._register("box", None, name=name, box=box_section(command, port, ready_path, idle_checkpoint),
+                       **options)
+
+    def notebook(self, name: str, *, image: Any = None, idle_timeout: Any = 600, **options: Any) -> None:
+        """Deploy a notebook: JupyterLab in `image` (None: the platform's base; `jupyterlab` is added),
+        opened through the dashboard at {dashboard}/nb/NAME/ with its session. Left idle for
+        `idle_timeout` seconds (no request and no open page) it is dumped and stopped; opening it again
+        restores it, kernels' variables included. `levers9 notebook NAME` does this without a file.
+
+            app.notebook("analysis", image=Image(python_packages=["pandas==2.2.3"]), gpu="T4")
+
+        Options: cpu, memory (default 1Gi), gpu, gpu_count, env, secrets, volumes, pool, timeout
+        (how long JupyterLab may take to answer at its first start).
+        """
+        from levers9.notebooks import notebook_options
+
+        self._register("box", None, **notebook_options(name, image, idle_timeout, options))
 
     def asgi(self, func: Any = None, /, **options: Any) -> Any:
         """Deploy an ASGI app: decorate a function returning one, or pass the app object itself."""

@@ -63,9 +63,14 @@ def ready_path_of(path: Any) -> str | None:
     return path
 
 
-def box_section(command: Any, port: Any, ready_path: Any) -> dict[str, Any]:
+def box_section(command: Any, port: Any, ready_path: Any, idle_checkpoint: Any = False) -> dict[str, Any]:
     """The spec's `box` section (levers9.contracts.spec.BoxOptions)."""
+    if not isinstance(idle_checkpoint, bool):
+        raise ConfigError(f"idle_checkpoint {idle_checkpoint!r} is not valid: True (dump it when it is stopped "
+                          "idle, and restore that next) or False")
     section: dict[str, Any] = {"command": command_of(command), "port": port_of(port)}
+    if idle_checkpoint:
+        section["idle_checkpoint"] = True
     path = ready_path_of(ready_path)
     if path is not None:
         section["ready_path"] = path

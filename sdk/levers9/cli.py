@@ -25,6 +25,7 @@ from levers9.cli_dashboard import register as _register_dashboard_command
 from levers9.cli_functions import register as _register_function_commands
 from levers9.cli_images import register as _register_image_commands
 from levers9.cli_nats import nats_app
+from levers9.cli_notebooks import register as _register_notebook_commands
 from levers9.cli_publishers import publishers_app
 from levers9.cli_sandboxes import register as _register_sandbox_commands
 from levers9.cli_secrets import register as _register_secret_commands
@@ -54,6 +55,7 @@ _register_dashboard_command(app)
 _register_task_commands(app)
 _register_box_commands(app)
 _register_sandbox_commands(app)
+_register_notebook_commands(app)
 
 console = Console(stderr=True, soft_wrap=True)
 out = Console(width=None if sys.stdout.isatty() else 250)  # pipes and files get whole lines

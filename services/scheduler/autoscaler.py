@@ -34,7 +34,7 @@ from typing import Any, Callable
 from levers9.contracts import Message, envelope, subjects
 from levers9.contracts import events as E
 from levers9.contracts.autoscaling import Box, decide
-from levers9.contracts.checkpoint_policy import restore_choice
+from levers9.contracts.checkpoint_policy import idle_checkpoint, restore_choice
 from levers9.contracts.container_request import container_request
 from levers9.contracts.envelope import subject_of
 from levers9.runtime.bus import Bus, ConcurrencyConflict
@@ -154,7 +154,8 @@ class Autoscaler:
                 if not await self.start(dep, d.start_reason):
                     break
             for s in d.stop:
-                await self.stop(self.memory.containers[(dep.workspace, s.container_id)], s.reason)
+                await self.stop(self.memory.containers[(dep.workspace, s.container_id)], s.reason,
+                                checkpoint_first=idle_checkpoint(dep.spec))
 
     def box(self, c: Container, per: dict[str, tuple[int, float]], lag: float = 0.0) -> Box:
         """The policy's view of a container. Its idle time counts only up to the gateways' latest
@@ -182,8 +183,9 @@ class Autoscaler:
         log.info("autoscaler: %s/%s starts %s: %s", dep.workspace, dep.name, ev.container_id, reason)
         return True
 
-    async def stop(self, c: Container, reason: str) -> None:
-        ev = E.ContainerStopRequested(container_id=c.container_id, reason=REASON_PREFIX + reason)
+    async def stop(self, c: Container, reason: str, checkpoint_first: bool = False) -> None:
+        ev = E.ContainerStopRequested(container_id=c.container_id, reason=REASON_PREFIX + reason,
+                                      checkpoint_first=checkpoint_first)
         env = envelope(ev, workspace=c.workspace, correlation_id=c.correlation_id or None)
         if await self._append(env, ev, c.last_seq):
             self.counters["stopped"] += 1

@@ -100,6 +100,9 @@ class ContainerStopRequested(Event, frozen=True, kw_only=True):
     ID_FIELD = "container_id"
     container_id: str
     reason: str = ""
+    # dump it first, so that its deployment's next start restores it as it is now (the autoscaler
+    # scaling in a box with idle_checkpoint, such as a notebook)
+    checkpoint_first: bool = False
 
 
 class ContainerStopped(Event, frozen=True, kw_only=True):

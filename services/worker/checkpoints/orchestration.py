@@ -65,9 +65,10 @@ async def enable_criu(runtime: Runtime, settings: Settings) -> str:
 
 
 async def dump(runtime: Runtime, container_id: str, cache: NodeCache, memory_mib: int,
-               cuda: bool = False) -> CheckpointArtifact:
+               cuda: bool = False, cut_connections: bool = False) -> CheckpointArtifact:
     """Dump leave-running into a tar, then move it into the node cache under its sha256. `cuda`: a GPU
-    container's CUDA processes are toggled out of the GPU around the dump (levers9.worker.checkpoints.gpu)."""
+    container's CUDA processes are toggled out of the GPU around the dump (levers9.worker.checkpoints.gpu).
+    `cut_connections`: a dump before a stop ends the container's outside connections first."""
     usage = runtime.memory_usage(container_id)
     if usage is not None and usage > memory_mib * 1024 * 1024:
         raise CheckpointSkipped(f"the container uses {usage >> 20} MiB, more than its limit of {memory_mib} MiB")
@@ -77,7 +78,7 @@ async def dump(runtime: Runtime, container_id: str, cache: NodeCache, memory_mib
     tmp = cache.root / f".dump-{container_id}.tar"
     try:
         async with cuda_suspended(container_id, cuda):  # before runc pauses it: a frozen process cannot toggle
-            artifact = await runtime.checkpoint(container_id, tmp)
+            artifact = await runtime.checkpoint(container_id, tmp, cut_connections=cut_connections)
         cache.make_room(artifact.size_bytes)
         await asyncio.to_thread(shutil.move, tmp, cache.root / artifact.sha256)
     finally:
@@ -240,26 +241,36 @@ class Checkpoints:
                                                deployment_id=c.deployment_id, worker_id=w.worker_id))
             return None, f"cold: restore of {ck} failed: {reason}"[:500]
 
-    async def checkpoint(self, c: Running, manual: bool = False) -> None:
-        """Dump a ready container leave-running, at most one dump per deployment version at a time."""
+    async def checkpoint(self, c: Running, manual: bool = False, stopping: bool = False) -> None:
+        """Dump a ready container leave-running, at most one dump per deployment version at a time.
+        `stopping`: the dump is taken because the container stops next (before_stop)."""
         if c.deployment_id in self.dumping:
             return
         self.dumping.add(c.deployment_id)
         try:
             claim = await self.claim(c, manual)
             if claim is not None:
-                await self._dump(c, claim)
+                await self._dump(c, claim, stopping)
         finally:
             self.dumping.discard(c.deployment_id)
 
-    async def _dump(self, c: Running, claim: str) -> None:
+    async def before_stop(self, c: Running) -> None:
+        """A box with idle_checkpoint (a notebook) is dumped before it stops, so that its next start
+        restores its memory as it is now, not as it was when it first answered. A dump of its
+        deployment already running here is waited for, and one more taken. It never holds up the
+        stop for good: a failed dump is a CheckpointFailed, and the stop goes on."""
+        while c.deployment_id in self.dumping:  # at most one at a time; dumps end (CRIU's timeout)
+            await asyncio.sleep(0.2)
+        await self.checkpoint(c, manual=True, stopping=True)
+
+    async def _dump(self, c: Running, claim: str, stopping: bool = False) -> None:
         w = self.worker
         # a function sandbox's executor must have no connection from outside while CRIU dumps it
         quiet = w.sandboxes.relay.quiet(c.container_id) if is_function(c.spec) else contextlib.nullcontext()
         try:
             async with quiet:
                 dumped = await dump(w.runtime, c.container_id, w.cache, c.memory_mib,
-                                    cuda=bool(c.spec and c.spec.resources.gpus))
+                                    cuda=bool(c.spec and c.spec.resources.gpus), cut_connections=stopping)
         except Exception as exc:  # noqa: BLE001 - whatever failed, it is recorded as CheckpointFailed with its reason
             log.warning("checkpoint of %s skipped: %s", c.container_id, exc)
             await w.emit(c, E.CheckpointFailed(checkpoint_id=claim, stage="dump", reason=str(exc)[:1000],

@@ -35,6 +35,7 @@ import httpx
 from levers9.contracts import Envelope, envelope
 from levers9.contracts import events as E
 from levers9.contracts.autoscaling import governed
+from levers9.contracts.checkpoint_policy import idle_checkpoint
 from levers9.runtime.config import Settings
 from levers9.runtime.tasks import spawn
 from levers9.worker.checkpoints.orchestration import Checkpoints
@@ -233,10 +234,14 @@ class Containers(Mapping[str, Running]):
 
     # ---- stopping ------------------------------------------------------------------------------
 
-    async def stop(self, c: Running, reason: str, failed: bool = False) -> None:
+    async def stop(self, c: Running, reason: str, failed: bool = False, checkpoint_first: bool = False) -> None:
+        """Stop `c` and report it; `checkpoint_first`: dump it before (a box with idle_checkpoint
+        scaled in or drained: its next start restores it as it is now)."""
         if c.stopping:
             return
         c.stopping = True
+        if checkpoint_first and c.ready_at is not None and idle_checkpoint(c.spec):
+            await self.parts.checkpoints.before_stop(c)
         try:
             ended = await self.runtime.stop(c.container_id)
         except Exception as exc:  # noqa: BLE001 - the stop is reported with why it failed
@@ -295,7 +300,7 @@ class Containers(Mapping[str, Running]):
             await self.finish(c, boxes.ended(box, ended, was_ready=True) if box else ended, failed=True)
             return
         if draining:
-            await self.stop(c, f"worker {self.parts.worker_id} drained")
+            await self.stop(c, f"worker {self.parts.worker_id} drained", checkpoint_first=True)
             return
         if autoscaled(c):
             return  # the scheduler's autoscaler stops these (ContainerStopRequested with its reason)

@@ -192,8 +192,11 @@ class Runtime(ABC):
         """Bytes the container holds now (roughly what a dump writes), None if unknown."""
         return None
 
-    async def checkpoint(self, container_id: str, out_tar: Path) -> CheckpointArtifact:
-        """Dump the running container into one tar, leaving it running (CheckpointError)."""
+    async def checkpoint(self, container_id: str, out_tar: Path, *, cut_connections: bool = False
+                         ) -> CheckpointArtifact:
+        """Dump the running container into one tar, leaving it running (CheckpointError).
+        `cut_connections`: end its TCP connections to anything but itself first (callers' idle
+        keep-alives: a dump taken to stop it must not fail on them)."""
         raise NotImplementedError(f"the {self.name} runtime cannot checkpoint")
 
     async def restore(self, spec: ContainerSpec, tar: Path) -> Started:

@@ -70,13 +70,15 @@ class RuncCheckpoints:
 
     # -- checkpoint --
 
-    async def checkpoint(self, container_id: str, out_tar: Path) -> ckpt.CheckpointArtifact:
+    async def checkpoint(self, container_id: str, out_tar: Path, *, cut_connections: bool = False
+                         ) -> ckpt.CheckpointArtifact:
         """Dump the running container into `out_tar`; it keeps running (and serving).
 
         The container is frozen (runc pause) for the dump AND the copy of its writable layer, so
         the files match the memory image (CRIU checks the size of every open file on restore:
         the log grows while a leave-running container serves). Then it is thawed and the tar is
-        written outside the pause."""
+        written outside the pause. `cut_connections`: its TCP connections to anything outside it are
+        ended while it is frozen (cut_outside_connections)."""
         criu = self._criu
         if criu is None:
             raise ckpt.CheckpointError("checkpoints are off here: no working CRIU (use_criu was not called)")
@@ -94,7 +96,7 @@ class RuncCheckpoints:
             scratch = self.state_dir / "checkpoints" / f"{cid}.{uuid.uuid4().hex[:8]}"
             began = time.monotonic()
             try:
-                dump_s, paused_s = await self._dump_paused(cid, cdir, scratch, criu)
+                dump_s, paused_s = await self._dump_paused(cid, cdir, scratch, criu, cut_connections)
                 image = self.lc.image_of(cid)
                 manifest = ckpt.make_manifest(
                     container_id=cid, hostname=hostname, ip=rec.ip, env=spec["env"],
@@ -111,7 +113,7 @@ class RuncCheckpoints:
                                            dump_seconds=dump_s, paused_seconds=paused_s, manifest=manifest)
 
     async def _dump_paused(self, cid: str, cdir: Path, scratch: Path,
-                           criu: CriuInfo) -> tuple[float, float]:
+                           criu: CriuInfo, cut_connections: bool = False) -> tuple[float, float]:
         """Pause, dump leave-running into `scratch/images`, copy the upper layer into
         `scratch/upper`, thaw; (seconds of the dump, seconds paused)."""
         images, work = scratch / ckpt.IMAGES, scratch / "work"
@@ -121,6 +123,8 @@ class RuncCheckpoints:
             raise ckpt.CheckpointError(f"runc pause {cid}: {err.strip()}")
         paused = time.monotonic()
         try:
+            if cut_connections:
+                await cut_outside_connections(network.netns_path(self.lc.names(cid)))
             runc_log = scratch / "runc.log"
             failed = await self.lc.cli.watched(
                 ["--log", str(runc_log), "--log-format", "json", "--criu", str(criu.binary),
@@ -330,3 +334,21 @@ async def _run_checked(cmd: list[str]) -> None:
     _, err = await proc.communicate()
     if proc.returncode != 0:
         raise ckpt.RestoreError(f"{' '.join(cmd[:2])} failed: {err.decode(errors='replace').strip()}")
+
+
+# TCP connections whose peer is not the container itself: loopback ones (a notebook's server and its
+# kernels) are dumped and restored with it
+OUTSIDE = ["state", "connected", "!", "(", "dst", "127.0.0.0/8", "or", "dst", "[::1]", ")"]
+
+
+async def cut_outside_connections(netns: Path) -> None:
+    """End (SOCK_DESTROY, `ss -K`) the TCP connections of a frozen container to anything outside it:
+    CRIU refuses to dump an established connection (runc checkpoint has no --tcp-established here),
+    and none could survive a restore at a new address anyway. What is left are a caller's idle
+    keep-alives; the caller sees them reset, as after any stop."""
+    proc = await asyncio.create_subprocess_exec("nsenter", f"--net={netns}", "ss", "-K", "-tn", *OUTSIDE,
+                                                stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
+    _, err = await proc.communicate()
+    if proc.returncode != 0:
+        raise ckpt.CheckpointError(f"could not end the container's outside connections before its dump: "
+                                   f"{err.decode(errors='replace').strip()[:300]}")

@@ -128,8 +128,9 @@ class RuncRuntime(Runtime):
     def memory_usage(self, container_id: str) -> int | None:
         return self.checkpoints.memory_usage(container_id)
 
-    async def checkpoint(self, container_id: str, out_tar: Path) -> CheckpointArtifact:
-        return await self.checkpoints.checkpoint(container_id, out_tar)
+    async def checkpoint(self, container_id: str, out_tar: Path, *, cut_connections: bool = False
+                         ) -> CheckpointArtifact:
+        return await self.checkpoints.checkpoint(container_id, out_tar, cut_connections=cut_connections)
 
     async def restore(self, spec: ContainerSpec, tar: Path) -> Started:
         return await self.checkpoints.restore(spec, tar)
