@@ -57,7 +57,8 @@ def pytest_xdist_make_scheduler(config, log):
 # collected late is a tail the other lanes wait out. Seconds a module took (setup, tests, teardown) in
 # a loaded three-lane run on this 2-core machine; a module not named here keeps its place after these
 # (e2e, integration, then the unit tier, whose small modules fill the lanes' ends).
-LONG_MODULES = {"test_hostile_tenant.py": 380, "test_e2e_compose.py": 280, "test_checkpoint_runtime.py": 220,
+LONG_MODULES = {"test_e2e_notebooks.py": 550, "test_hostile_tenant.py": 380, "test_e2e_compose.py": 280,
+                "test_checkpoint_runtime.py": 220,
                 "test_e2e_dashboard_api.py": 200, "test_faults.py": 200, "test_e2e_catalogue.py": 170,
                 "test_e2e_images.py": 160, "test_e2e_tasks.py": 150, "test_e2e_clusters.py": 140,
                 "test_e2e_hosts.py": 140, "test_fuzz.py": 130, "test_e2e_wheel.py": 120, "test_e2e_stack.py": 120,

@@ -1,7 +1,7 @@
 """`levers9 notebook NAME [--image FILE:VAR] [--gpu T] [--idle-timeout S] [--json]`: deploy a notebook
 (app.notebook, levers9.notebooks) without writing a file, and print where to open it: the dashboard's
-/nb/NAME/ (sign in with `levers9 dashboard`). Deploying it again with the same options changes
-nothing the gateway does not already have; other options make a new version.
+/nb/NAME/ (sign in with `levers9 dashboard`). Running it again deploys a new version, which starts
+afresh: a version's checkpoints are its own.
 
 Its app is "notebooks"; `levers9 boxes list|logs|stop` see it as the box it is.
 """
