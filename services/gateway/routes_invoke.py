@@ -25,7 +25,7 @@ from levers9.contracts.checkpoint_policy import RestoreChoice, restore_choice
 from levers9.contracts.spec import CheckpointRef
 from levers9.runtime import telemetry
 
-from . import proxy, server_timing
+from . import idle_dumps, proxy, server_timing
 from .auth import Caller, User
 from .deps import Gateway
 from .router import NoCapacity, QueueFull, Slot, StartFailed
@@ -163,6 +163,7 @@ def timing_of(began: float, acquired: float, slot: Slot) -> Callable[[float], st
 def requester(gw: GatewayState, dep: Deployment, caller: Caller, correlation: str) -> Callable[[], Awaitable[str]]:
     """What a waiting call runs to ask for one more container of `dep` (router.acquire)."""
     async def request_container() -> str:
+        await idle_dumps.settle(gw, dep)  # a notebook restores the dump taken when it went idle
         refs = await available_checkpoints(gw, dep) if dep.spec.checkpoint_enabled else ()
         event = container_requested(dep, restore_choice(dep.spec, refs), uuid7())
         gw.container_deployment[event.container_id] = route_key(dep.workspace, dep.deployment_id)

@@ -9,7 +9,9 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import sys
 import uuid
+from pathlib import Path
 
 import aiohttp
 import httpx
@@ -23,6 +25,7 @@ if os.geteuid() != 0:
 
 NAME = "lab"
 IDLE_S = 10
+WAIT_MS = 240_000  # JupyterLab's first page loads megabytes of script through three hops on a busy machine
 
 
 @pytest.fixture(scope="module")
@@ -95,6 +98,33 @@ def test_only_the_dashboard_session_of_its_workspace_reaches_it(env):
     assert foreign.status_code == 403, foreign.text
     unknown = b.get("/nb/nope/api")
     assert unknown.status_code == 404, unknown.text
+
+
+def test_jupyterlab_runs_a_cell_in_a_real_browser_signed_in_to_the_dashboard(env):
+    """Debian's chromium signs in with `levers9 dashboard`'s link, opens /nb/lab/lab, makes a notebook
+    from the launcher and runs a cell: JupyterLab's scripts, its API calls (with its _xsrf) and the
+    kernel's WebSocket all go through the dashboard with the session cookie alone."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "browser"))
+    from _browser import CHROMIUM, chromium, goto
+
+    if not Path(CHROMIUM).exists():
+        pytest.skip(f"no chromium at {CHROMIUM} (scripts/setup.sh --test installs Debian's)")
+    from playwright.sync_api import expect
+
+    link = json.loads(cli(env, "dashboard", "--json").stdout)["url"]
+    with chromium() as browser:
+        context = browser.new_context(viewport={"width": 1280, "height": 800})
+        page = context.new_page()
+        page.set_default_timeout(WAIT_MS)
+        goto(page, link)
+        goto(page, link.split("/signin")[0] + f"/nb/{NAME}/lab")
+        page.locator(".jp-LauncherCard[data-category='Notebook']").first.click()
+        editor = page.locator(".jp-Notebook .jp-Cell .cm-content").first
+        editor.click()
+        page.keyboard.type("print(6 * 7)")
+        page.keyboard.press("Shift+Enter")
+        expect(page.locator(".jp-OutputArea-output").first).to_contain_text("42", timeout=WAIT_MS)
+        context.close()
 
 
 def test_a_cell_runs_over_its_kernel_and_its_variables_survive_an_idle_stop(env):

@@ -128,3 +128,49 @@ def test_a_stop_request_from_before_the_field_decodes_as_no_dump():
 
     old = msgspec.json.encode({"container_id": "c1", "reason": "idle"})
     assert msgspec.json.decode(old, type=E.ContainerStopRequested).checkpoint_first is False
+
+
+class Projections:
+    """gateway.containers / gateway.checkpoints as the idle-dump wait reads them: answers in turn."""
+
+    def __init__(self, answers: list[int]) -> None:
+        self.answers = answers
+        self.asked: list[str] = []
+
+    async def fetchval(self, query: str, *args) -> int:
+        self.asked.append(query)
+        return self.answers.pop(0) if self.answers else 0
+
+
+def gateway_with(answers: list[int]):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(pool=Projections(answers))
+
+
+def box_deployment(idle: bool):
+    from levers9.gateway.state import Deployment
+
+    spec = DeploymentSpec(name="lab", code=Code(kind="box", module="", handler=""), checkpoint_enabled=True,
+                          box=BoxOptions(command=["srv"], port=80, idle_checkpoint=idle))
+    return Deployment(workspace="acme", deployment_id="lab-v1", name="lab", version=1, status="active", spec=spec)
+
+
+def test_a_notebook_waits_for_its_stopping_container_and_its_dump_to_be_stored_before_a_restore():
+    from levers9.gateway import idle_dumps
+
+    # stopping (dump under way) -> stopped but its dump not stored -> stored
+    gw = gateway_with([1, 0, 1, 0, 0])
+    asyncio.run(idle_dumps.settle(gw, box_deployment(idle=True), timeout=30))  # type: ignore[arg-type]
+    assert gw.pool.answers == [] and len(gw.pool.asked) == 5
+    other = gateway_with([1, 1, 1])
+    asyncio.run(idle_dumps.settle(other, box_deployment(idle=False), timeout=30))  # type: ignore[arg-type]
+    assert other.pool.asked == []  # any other deployment asks for its container at once
+
+
+def test_the_wait_for_an_idle_dump_is_bounded():
+    from levers9.gateway import idle_dumps
+
+    stuck = gateway_with([1] * 1000)  # a worker that died mid-dump never reports it
+    asyncio.run(idle_dumps.settle(stuck, box_deployment(idle=True), timeout=0.3))  # type: ignore[arg-type]
+    assert 1 <= len(stuck.pool.asked) < 1000
