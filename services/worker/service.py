@@ -168,7 +168,7 @@ class WorkerService(Service):
             self.overtaken.saw(ev.container_id, d.seq, "its stop was requested")
             c = self.containers.get(ev.container_id)
             if c is not None:
-                await self.containers.stop(c, ev.reason or "stop requested", checkpoint_first=ev.checkpoint_first)
+                self.containers.stop_soon(c, ev.reason or "stop requested", checkpoint_first=ev.checkpoint_first)
         elif isinstance(ev, E.ContainerCheckpointRequested):
             c = self.containers.get(ev.container_id)
             if c is not None and c.ready_at is not None:

@@ -5,6 +5,7 @@ gateway are fakes; nothing here reads a projection."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import io
 import tarfile
@@ -322,7 +323,7 @@ def ready_container(worker: WorkerService, spec: DeploymentSpec = SPEC, restored
     return c
 
 
-async def dump_fails(container_id: str, out_tar: Path):
+async def dump_fails(container_id: str, out_tar: Path, *, cut_connections: bool = False):
     raise checkpointing.CheckpointError("CRIU could not dump c1: no")
 
 
@@ -361,3 +362,38 @@ async def test_a_manual_dump_the_policy_refuses_says_why(worker):
     await worker.checkpoints.checkpoint(ready_container(worker), manual=True)
     [failed] = published(worker, E.CheckpointFailed)
     assert failed.reason == "CRIU is not ready on this worker" and worker.bus.appended == []
+
+
+class SlowStopRuntime(FakeRuntime):
+    """Its containers run until stopped, and a stop takes until the test lets it end."""
+
+    def __init__(self, tmp: Path) -> None:
+        super().__init__(tmp)
+        self.let_stop = asyncio.Event()
+        self.stopping: list[str] = []
+
+    async def poll(self, container_id: str) -> Exit | None:
+        return None if container_id == "c0" else Exit(1, "exited with status 1")
+
+    async def stop(self, container_id: str, timeout: float = 10) -> Exit:
+        self.stopping.append(container_id)
+        await self.let_stop.wait()
+        return await super().stop(container_id, timeout)
+
+
+async def test_a_stop_under_way_does_not_hold_up_the_next_placement(worker, gateway, tmp_path):
+    from levers9.worker.lifecycle.placement import Running
+
+    worker.runtime = SlowStopRuntime(tmp_path)
+    running = Running("c0", "acme", "hello-1", "corr-0", 0.0, spec=SPEC, ready_at=1.0)
+    worker.containers._live["c0"] = running
+    await asyncio.wait_for(worker.on_container_event(delivery(E.ContainerStopRequested(container_id="c0"), 40)), 5)
+    await asyncio.wait_for(worker.on_container_event(delivery(scheduled("c1"), seq=41)), 5)  # not behind the stop
+    await settle(worker)
+    assert [s.container_id for s in worker.runtime.started] == ["c1"]
+    assert "c0" in worker.runtime.stopping  # under way, not ended
+    assert not [e for e in published(worker, E.ContainerStopped) if e.container_id == "c0"]
+    worker.runtime.let_stop.set()
+    await asyncio.wait_for(worker.containers.stop_all("worker stopping"), 5)  # waits for the stop under way
+    assert [e.container_id for e in published(worker, E.ContainerStopped)] == ["c0"]
+    assert "c0" not in worker.containers
