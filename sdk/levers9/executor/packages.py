@@ -13,7 +13,6 @@ import collections
 import fcntl
 import hashlib
 import importlib
-import importlib.metadata
 import os
 import re
 import shutil
@@ -61,6 +60,8 @@ def _split(requirement: str) -> tuple[str | None, str]:
 def is_present(requirement: str) -> bool:
     """True when the sandbox has the project (at the pinned version for `name==version`); other
     version ranges are not checked: standard library only, and the image's version usually fits."""
+    import importlib.metadata  # here: ~50 ms of every sandbox's start for a call that may never come
+
     name, rest = _split(requirement)
     if name is None:
         return False
