@@ -171,7 +171,7 @@ class WorkerService(Service):
                 self.containers.stop_soon(c, ev.reason or "stop requested", checkpoint_first=ev.checkpoint_first)
         elif isinstance(ev, E.ContainerCheckpointRequested):
             c = self.containers.get(ev.container_id)
-            if c is not None and c.ready_at is not None:
+            if c is not None and c.ready_at is not None and not c.stopping:  # a stop may be under way (stop_soon)
                 self.checkpoints.requested(c)
         elif isinstance(ev, E.ContainerScheduled):
             if ev.worker_id != self.worker_id:
