@@ -119,9 +119,13 @@ def test_jupyterlab_runs_a_cell_in_a_real_browser_signed_in_to_the_dashboard(env
         goto(page, link)
         goto(page, link.split("/signin")[0] + f"/nb/{NAME}/lab")
         page.locator(".jp-LauncherCard[data-category='Notebook']").first.click()
+        # its kernel up first: keys typed while the notebook still loads went nowhere (CI run r3: an empty
+        # cell was run and the output never came)
+        expect(page.get_by_text("Python 3 (ipykernel) | Idle")).to_be_visible()
         editor = page.locator(".jp-Notebook .jp-Cell .cm-content").first
         editor.click()
-        page.keyboard.type("print(6 * 7)")
+        editor.press_sequentially("print(6 * 7)")
+        expect(editor).to_contain_text("print(6 * 7)")
         page.keyboard.press("Shift+Enter")
         expect(page.locator(".jp-OutputArea-output").first).to_contain_text("42", timeout=WAIT_MS)
         context.close()
