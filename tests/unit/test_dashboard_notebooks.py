@@ -14,12 +14,12 @@ import hashlib
 from typing import Any
 
 import aiohttp
-import pytest
 import yarl
 from fakes.dashboard_harness import Harness, dashboard
 from fakes.fake_gateway import TOKENS, FakeGateway
 from fastapi import FastAPI, HTTPException, Request, Response, WebSocket
 from fastapi.responses import JSONResponse, StreamingResponse
+from test_websockets_dashboard import refused  # the WebSocket handshake refusal, as those tests read it
 
 from levers9.dashboard.routes_websockets import gateway_ws_url
 
@@ -84,13 +84,6 @@ def cookie(h: Harness, token: str = "tok-a", extra: str = "") -> str:
     return f"levers9_session={sealed}; levers9_csrf={session.csrf}" + (f"; {extra}" if extra else "")
 
 
-async def ws_refused(url: str, headers: dict[str, str]) -> int:
-    async with aiohttp.ClientSession() as s:
-        with pytest.raises(aiohttp.WSServerHandshakeError) as caught:
-            await s.ws_connect(url, headers=headers)
-    return caught.value.status
-
-
 # ---- hostile ------------------------------------------------------------------------------------------------
 
 async def test_a_bad_name_or_a_dot_segment_is_404_and_reaches_nothing(tmp_path):
@@ -103,7 +96,7 @@ async def test_a_bad_name_or_a_dot_segment_is_404_and_reaches_nothing(tmp_path):
             for path in ("/nb/nb1/../../../../api/v1/whoami", "/nb/nb1/./tree", "/nb/nb1/x/.."):
                 async with s.get(yarl.URL(h.url + path, encoded=True), headers=own) as r:
                     assert r.status == 404 and "dot" in (await r.json())["detail"], path
-        assert await ws_refused(h.url + "/nb/BAD/api/kernels/k/channels", own) == 404
+        assert await refused(h.url + "/nb/BAD/api/kernels/k/channels", own) == 404
         assert h.gw.seen == []
 
 
@@ -117,7 +110,7 @@ async def test_a_sessions_change_from_another_sites_page_is_refused(tmp_path):
                 r = await c.request(method, "/nb/nb1/api/contents/a.ipynb", headers={**session, **headers},
                                     content=b"{}")
                 assert r.status_code == 403 and "own pages" in r.json()["detail"], (method, headers)
-        assert await ws_refused(h.url + "/nb/nb1/api/kernels/k/channels",
+        assert await refused(h.url + "/nb/nb1/api/kernels/k/channels",
                                 {"Cookie": session["Cookie"], "Origin": "https://evil.example"}) == 403
         assert h.gw.seen == []
 
@@ -132,7 +125,7 @@ async def test_not_signed_in_is_sent_to_sign_in_or_told_401(tmp_path):
             assert r.status_code == 401 and "not signed in" in r.json()["detail"]
         r = await c.post("/nb/nb1/api/kernels", headers={"Origin": h.url})
         assert r.status_code == 401
-        assert await ws_refused(h.url + "/nb/nb1/api/kernels/k/channels", {"Origin": h.url}) == 401
+        assert await refused(h.url + "/nb/nb1/api/kernels/k/channels", {"Origin": h.url}) == 401
         assert h.gw.seen == []
 
 
