@@ -23,6 +23,7 @@ import json
 import logging
 import os
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -40,6 +41,20 @@ class FenceFailed(RuntimeError):
     pass
 
 
+@dataclass(frozen=True)
+class LostRun:
+    """What is known of the run declared lost: when it beat last (the controller's clock), and its
+    pid and start time (from its beats). The reaper kills only that run, never a newer one."""
+    alive_at: float | None = None
+    run: tuple[int, float] | None = None
+
+    def args(self) -> list[str]:
+        out = ["--alive-at", repr(self.alive_at)] if self.alive_at is not None else []
+        if self.run is not None:
+            out += ["--lost-run", f"{self.run[0]}@{self.run[1]!r}"]
+        return out
+
+
 Where = Callable[[str], tuple[list[str], dict[str, str]]]  # worker -> (command prefix, settings) of its reaper
 
 
@@ -47,20 +62,19 @@ class Fencer:
     def __init__(self, home: Path, where: Where = lambda worker_id: ([], {})) -> None:
         self.home = home
         self.where = where  # a netns host's worker is reaped in its host's namespace (backends_netns)
-        # lost workers whose fence is still to be done -> when the lost run was last seen alive (None: not known)
-        self.pending: dict[str, float | None] = {}
+        # lost workers whose fence is still to be done -> what is known of the lost run
+        self.pending: dict[str, LostRun] = {}
 
     def can_fence(self, worker_id: str) -> bool:
         return (self.home / "workers" / worker_id).is_dir()
 
-    async def reap(self, worker_id: str, alive_at: float | None = None) -> list[str]:
-        """Run the worker's reaper; the ids of the containers it removed. A run of the worker that
-        started after `alive_at` (the lost run's last heartbeat) is a newer one: the reaper spares it."""
+    async def reap(self, worker_id: str, lost: LostRun = LostRun()) -> list[str]:
+        """Run the worker's reaper; the ids of the containers it removed. A run of the worker other
+        than the lost one (`levers9 up` restarted it meanwhile) is a newer one: the reaper spares it."""
         prefix, settings = self.where(worker_id)
         env = {**os.environ, **settings, "LEVERS9_HOME": str(self.home), "LEVERS9_WORKER_ID": worker_id}
-        since = ["--alive-at", repr(alive_at)] if alive_at is not None else []
         proc = await asyncio.create_subprocess_exec(
-            *prefix, sys.executable, "-m", "levers9.worker.lifecycle.restart", "reap", worker_id, *since, env=env,
+            *prefix, sys.executable, "-m", "levers9.worker.lifecycle.restart", "reap", worker_id, *lost.args(), env=env,
             stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
         try:
             out, err = await asyncio.wait_for(proc.communicate(), REAP_TIMEOUT_S)
@@ -76,9 +90,9 @@ class Fencer:
 
     async def fence_pending(self, bus: Any) -> None:
         """Fence every pending worker; one that fails stays pending (the next pass tries again)."""
-        for worker_id, alive_at in sorted(self.pending.items()):
+        for worker_id, lost in sorted(self.pending.items()):
             try:
-                removed = await self.reap(worker_id, alive_at)
+                removed = await self.reap(worker_id, lost)
             except (FenceFailed, OSError, ValueError) as exc:
                 log.warning("fencing worker %s failed; trying again next pass: %s", worker_id, exc)
                 continue
@@ -93,7 +107,7 @@ class Fencer:
             lost_seq, ev = await last_event(bus, worker_id, "WorkerLost")
             fenced_seq, _ = await last_event(bus, worker_id, "WorkerFenced")
             if isinstance(ev, E.WorkerLost) and ev.awaits_fence and fenced_seq < lost_seq:
-                self.pending.setdefault(worker_id, None)  # when it was last alive is not known here
+                self.pending.setdefault(worker_id, LostRun())  # which run was lost is not known here
 
 
 async def last_event(bus: Any, worker_id: str, event_type: str) -> tuple[int, E.Event | None]:

@@ -15,6 +15,7 @@ lost, so a watcher that silently stopped delivering cannot make live workers los
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from typing import Callable, Protocol
@@ -33,6 +34,8 @@ RETRY_S = (0.2, 0.5, 1.0, 2.0, 5.0)
 WATCH_INACTIVE_S = 30.0  # a watcher consumer nobody listens to any more is removed by the server after this
 DELETES = ("DEL", "PURGE")
 
+Run = tuple[int, float]  # a worker run's pid and start time, as its heartbeats say them
+
 
 class BusLike(Protocol):
     reconnects: int
@@ -47,6 +50,9 @@ class HeartbeatTable:
         self._bus = bus  # a callable: the service connects its bus after this table is made
         self.clock = clock
         self.seen: dict[str, float] = {}
+        # the run each key's latest beat named, and when: kept through a watcher's restart (which
+        # rebuilds `seen` without the keys the TTL dropped), so a lost worker's run is still known
+        self.runs: dict[str, tuple[Run, float]] = {}
         self.current = False
         self.watches = 0  # watchers created so far: one per connection in a healthy process
         self.errors = 0
@@ -60,6 +66,13 @@ class HeartbeatTable:
         event when the bucket's TTL drops it, so its entry would stay for ever."""
         for key in [k for k, at in self.seen.items() if at < before]:
             del self.seen[key]
+        for key in [k for k, (_, at) in self.runs.items() if at < before]:
+            del self.runs[key]
+
+    def last_run(self, worker_id: str) -> Run | None:
+        """The pid and start time of the worker's run that beat last (None: no beat said them)."""
+        known = self.runs.get(worker_id)
+        return known[0] if known else None
 
     def restart(self, why: str) -> None:
         """Drop the watcher and start a new one (the table is unknown until it has synced again)."""
@@ -115,6 +128,8 @@ class HeartbeatTable:
                 self.seen, self.current = table, True
             elif isinstance(entry, KeyValue.Entry):
                 _apply(table, entry, self.clock())
+                if (run := run_of(entry)) is not None:
+                    self.runs[entry.key] = (run, self.clock())
             else:  # the watcher was stopped under us
                 return
 
@@ -124,6 +139,17 @@ def _apply(table: dict[str, float], entry: KeyValue.Entry, now: float) -> None:
         table.pop(entry.key, None)
     else:
         table[entry.key] = now
+
+
+def run_of(entry: KeyValue.Entry) -> Run | None:
+    """The run a beat names (its pid and start time), or None (a delete, or a beat without them)."""
+    if entry.operation in DELETES or not entry.value:
+        return None
+    try:
+        beat = json.loads(entry.value)
+        return int(beat["pid"]), float(beat["started"])
+    except (ValueError, KeyError, TypeError):
+        return None
 
 
 async def still_beating(bus: BusLike, worker_id: str) -> bool | None:

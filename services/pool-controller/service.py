@@ -35,7 +35,7 @@ from levers9.runtime.views_clusters import ClustersView
 
 from .backend_choice import make_backend
 from .backends import Backend
-from .fencing import Fencer
+from .fencing import Fencer, LostRun
 from .heartbeats import HeartbeatTable, still_beating
 from .pools import PoolConfig, PoolWorker, load_pools, pool_delta, with_unprojected
 from .rules import HEARTBEAT_EXPIRED, WorkerLoad, WorkerState, idle_for, idle_since, lost_workers
@@ -159,8 +159,9 @@ class PoolControllerService(Service):
             await self.bus.append(envelope(E.WorkerLost(worker_id=worker_id, reason=why, awaits_fence=fence),
                                            workspace=SYSTEM_WORKSPACE), last_seq)
             log.warning("worker %s lost: %s", worker_id, why)
-            if fence:  # the reaper spares a run that started after the lost one's last beat
-                self.fencer.pending[worker_id] = self.heartbeats.snapshot().seen.get(worker_id)
+            if fence:  # the reaper spares any run but the lost one (`levers9 up` may have started the next)
+                self.fencer.pending[worker_id] = LostRun(self.heartbeats.snapshot().seen.get(worker_id),
+                                                         self.heartbeats.last_run(worker_id))
             self.exited.discard(worker_id)
             if worker_id in self.started_here:  # still running (a cut link): its containers run elsewhere now
                 for backend in self.backends.values():

@@ -11,7 +11,7 @@ import nats.js.errors
 
 from levers9.contracts import SYSTEM_WORKSPACE, decode, encode, envelope
 from levers9.contracts import events as E
-from levers9.pool_controller.fencing import FenceFailed, Fencer
+from levers9.pool_controller.fencing import FenceFailed, Fencer, LostRun
 
 
 class _Bus:
@@ -37,19 +37,19 @@ async def test_fenced_is_said_only_after_the_reaper_succeeded_and_a_failure_stay
     assert fencer.can_fence("w-ok") and not fencer.can_fence("w-elsewhere")
     outcomes = {"w-ok": ["c1", "c2"], "w-bad": FenceFailed("runc delete failed")}
 
-    async def reap(worker_id, alive_at=None):
+    async def reap(worker_id, lost=LostRun()):
         out = outcomes[worker_id]
         if isinstance(out, Exception):
             raise out
         return out
 
     fencer.reap = reap  # type: ignore[method-assign]
-    fencer.pending.update({"w-ok": 100.0, "w-bad": None})
+    fencer.pending.update({"w-ok": LostRun(100.0), "w-bad": LostRun()})
     bus = _Bus()
     await fencer.fence_pending(bus)
     said = [decode(encode(e)).event for e in bus.published]
     assert said == [E.WorkerFenced(worker_id="w-ok", containers=["c1", "c2"], by="pool-controller")]
-    assert fencer.pending == {"w-bad": None}  # tried again next pass; its containers keep waiting meanwhile
+    assert fencer.pending == {"w-bad": LostRun()}  # tried again next pass; its containers keep waiting meanwhile
 
 
 async def test_a_restarted_controller_fences_what_its_previous_run_left_undone():
@@ -61,7 +61,7 @@ async def test_a_restarted_controller_fences_what_its_previous_run_left_undone()
                 ("w-again", "WorkerLost"): (9, E.WorkerLost(worker_id="w-again", awaits_fence=True))})
     fencer = Fencer(Path("/nonexistent"))
     await fencer.recover(bus, ["w-undone", "w-done", "w-old", "w-again", "w-unknown"])
-    assert fencer.pending == {"w-undone": None, "w-again": None}  # when they were last alive: not known
+    assert fencer.pending == {"w-undone": LostRun(), "w-again": LostRun()}  # which run was lost: not known
 
 
 async def test_the_reaper_runs_where_and_with_the_settings_its_backend_says(tmp_path):
@@ -74,13 +74,16 @@ async def test_the_reaper_runs_where_and_with_the_settings_its_backend_says(tmp_
     assert await fencer.reap("w7") == ["br-w7"]
 
 
-async def test_the_reaper_is_told_when_the_lost_run_was_last_alive(tmp_path):
+async def test_the_reaper_is_told_which_run_was_lost_and_when_it_was_last_alive(tmp_path):
     import sys
 
     report = "import json, sys; print(json.dumps({'removed': sys.argv[1:]}))"
     fencer = Fencer(tmp_path, lambda wid: ([sys.executable, "-c", report], {}))
-    assert (await fencer.reap("w7", 1700000000.25))[-2:] == ["--alive-at", "1700000000.25"]
-    assert "--alive-at" not in await fencer.reap("w7")
+    assert (await fencer.reap("w7", LostRun(1700000000.25)))[-2:] == ["--alive-at", "1700000000.25"]
+    assert (await fencer.reap("w7", LostRun(1700000000.25, (4242, 1699999990.5))))[-4:] == \
+        ["--alive-at", "1700000000.25", "--lost-run", "4242@1699999990.5"]
+    said = await fencer.reap("w7")
+    assert "--alive-at" not in said and "--lost-run" not in said
 
 
 def test_a_netns_hosts_reaper_enters_its_host_while_the_host_is_there(tmp_path, monkeypatch):

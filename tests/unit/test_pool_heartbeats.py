@@ -62,8 +62,8 @@ class FakeBus:
         return self.kv
 
 
-def entry(key: str, op: str | None = None) -> KeyValue.Entry:
-    return KeyValue.Entry(bucket="levers9_heartbeats", key=key, value=b"{}", revision=1, delta=0, created=None,
+def entry(key: str, op: str | None = None, value: bytes = b"{}") -> KeyValue.Entry:
+    return KeyValue.Entry(bucket="levers9_heartbeats", key=key, value=value, revision=1, delta=0, created=None,
                           operation=op)
 
 
@@ -158,3 +158,26 @@ def test_prune_forgets_only_keys_not_seen_since():
     table.seen = {"old": 10.0, "new": 500.0}
     table.prune(before=100.0)
     assert table.seen == {"new": 500.0}
+
+
+async def test_the_run_a_worker_s_beats_named_is_kept_when_a_restarted_watcher_no_longer_sees_its_key(running):
+    """CI: a worker SIGKILLed, its key expired, the watcher restarted (its table rebuilt without the key),
+    then `levers9 up` started the next run. The lost run must still be known by its pid and start time,
+    or the reaper takes the lock's holder (that next run) for it and kills it."""
+    bus, table, clock = running
+    await until(lambda: bus.kv.watchers)
+    await bus.kv.watchers[0].queue.put(entry("w1", value=b'{"at": 99.5, "pid": 4242, "started": 90.25}'))
+    await bus.kv.watchers[0].queue.put(entry("w2"))  # a beat that does not say its run
+    await bus.kv.watchers[0].queue.put(None)
+    await until(lambda: table.current)
+    assert table.last_run("w1") == (4242, 90.25) and table.last_run("w2") is None
+    table.restart("test")
+    await until(lambda: len(bus.kv.watchers) == 2)
+    await bus.kv.watchers[1].queue.put(None)  # w1's key expired meanwhile
+    await until(lambda: table.current)
+    assert table.seen == {} and table.last_run("w1") == (4242, 90.25)
+    await bus.kv.watchers[1].queue.put(entry("w1", value=b'{"at": 120.0, "pid": 5151, "started": 118.5}'))
+    await until(lambda: table.last_run("w1") == (5151, 118.5))  # the next run beats: it is the one known now
+    clock.now = 1000.0
+    table.prune(before=500.0)
+    assert table.last_run("w1") is None

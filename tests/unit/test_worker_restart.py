@@ -125,6 +125,43 @@ async def test_the_reaper_spares_a_newer_run_that_started_after_the_lost_one_was
             proc.wait()
 
 
+async def test_the_reaper_told_which_run_was_lost_spares_any_other_run_whatever_the_times_say(tmp_path):
+    """CI: under load the controller read the lost run's last beat after `levers9 up` had started the
+    next run, so that run looked older than the last beat; the reaper killed it and the worker was gone.
+    Told the lost run's pid and start time, the reaper kills that run only."""
+    import time
+
+    from levers9.runtime.config import Settings
+    from levers9.worker.lifecycle.restart import lock_record, reap
+
+    state_dir = tmp_path / "workers" / "w-next"
+    state_dir.mkdir(parents=True)
+    proc = _holder(state_dir)
+    try:
+        holder = lock_record(state_dir)
+        assert holder is not None and holder[0] == proc.pid
+        settings = Settings().with_(home=str(tmp_path), runtime="process")
+        lost_run = (proc.pid + 100000, holder[1] - 5.0)  # another run: the one that was SIGKILLed
+        assert await reap(settings, "w-next", time.time() + 60, lost_run) == []
+        assert proc.poll() is None  # alive, although its start is before the time given as the last beat
+        await reap(settings, "w-next", None, holder)  # the run named is the holder: lost while alive, killed
+        assert proc.wait(timeout=10) is not None
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+@given(st.tuples(st.integers(1, 10**6), st.floats(1e9, 2e9)), st.tuples(st.integers(1, 10**6), st.floats(1e9, 2e9)),
+       st.none() | st.floats(1e9, 2e9))
+def test_a_named_lost_run_is_the_only_one_taken_for_it(holder, lost, alive_at):
+    from levers9.worker.lifecycle.restart import lost_run_holds
+
+    assert lost_run_holds(holder, lost, alive_at) == (holder[0] == lost[0] and abs(holder[1] - lost[1]) < 0.01)
+    assert lost_run_holds(holder, holder, alive_at)
+    assert lost_run_holds(holder, None, alive_at) == (alive_at is None or holder[1] <= alive_at)
+
+
 def test_kill_tree_does_not_wait_on_a_zombie_it_cannot_reap():
     """The lost run is its pool controller's child: killed, it stays a zombie until that controller
     reaps it, and the reaper (not its parent) must count it gone at once, not after a timeout."""

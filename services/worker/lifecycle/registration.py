@@ -50,10 +50,13 @@ async def register(settings: Settings, worker_id: str, runtime: Runtime, gpus: N
 
 
 async def heartbeat(kv: Any, worker_id: str, containers: Callable[[], int], stop: asyncio.Event) -> None:
-    """Put this worker's heartbeat (time, pid, how many containers it runs) every HEARTBEAT_EVERY_S."""
+    """Put this worker's heartbeat (time, this run's pid and start time, how many containers it runs)
+    every HEARTBEAT_EVERY_S. The pid and start time are those its run lock records: a reaper told
+    which run was lost kills that run only, never a newer run that holds the lock by then."""
+    started = psutil.Process().create_time()
     while not stop.is_set():
         try:
-            await kv.put(worker_id, json.dumps({"at": time.time(), "pid": os.getpid(),
+            await kv.put(worker_id, json.dumps({"at": time.time(), "pid": os.getpid(), "started": started,
                                                 "containers": containers()}).encode())
         except Exception as exc:  # noqa: BLE001 - NATS reconnecting; next beat retries
             log.warning("heartbeat failed: %s", exc)

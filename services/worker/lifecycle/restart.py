@@ -139,12 +139,22 @@ def take_run_lock(state_dir: Path, timeout: float = LOCK_WAIT_S, what: str = "wo
 
 def lock_holder(state_dir: Path) -> int | None:
     """The live process recorded in the run lock (pid and start time both match), or None."""
+    rec = lock_record(state_dir)
+    return rec[0] if rec else None
+
+
+def lock_record(state_dir: Path) -> tuple[int, float] | None:
+    """(pid, start time) of the live process recorded in the run lock, or None."""
     try:
         rec = json.loads((state_dir / RUN_LOCK).read_text() or "{}")
         proc = psutil.Process(int(rec["pid"]))
-        return proc.pid if abs(proc.create_time() - float(rec["started"])) < 0.01 else None
+        return (proc.pid, float(rec["started"])) if same_time(proc.create_time(), float(rec["started"])) else None
     except (OSError, ValueError, KeyError, TypeError, psutil.Error):
         return None
+
+
+def same_time(a: float, b: float) -> bool:
+    return abs(a - b) < 0.01  # a process's start time as psutil reads it, recorded as JSON
 
 
 def kill_tree(pid: int) -> None:
@@ -188,14 +198,15 @@ def strays_of(runc_root: Path) -> list[int]:
 
 # ---- the reaper --------------------------------------------------------------------------------
 
-async def reap(settings: Any, worker_id: str, alive_at: float | None = None) -> list[str]:
+async def reap(settings: Any, worker_id: str, alive_at: float | None = None,
+               lost_run: tuple[int, float] | None = None) -> list[str]:
     """Stop and remove everything a dead (or lost) run of `worker_id` left on this node; the ids
     of the containers removed. The run still alive (declared lost while it ran) is killed first.
 
-    `alive_at`: when the lost run was last known alive (its last heartbeat). A run holding the lock
-    that started after it is a newer run (`levers9 up` restarted the worker meanwhile), not the
-    lost one: it is left alone, and nothing is removed here, because a run takes the lock before it
-    removes what the runs before it left."""
+    `lost_run`: the lost run's pid and start time (from its heartbeats); `alive_at`: when it was
+    last known alive. A run holding the lock that is not the lost one is a newer run (`levers9 up`
+    restarted the worker meanwhile): it is left alone, and nothing is removed here, because a run
+    takes the lock before it removes what the runs before it left (lost_run_holds)."""
     from levers9.worker.mounts import volumes
     from levers9.worker.runtime.choice import choose_runtime
 
@@ -204,14 +215,14 @@ async def reap(settings: Any, worker_id: str, alive_at: float | None = None) -> 
         return []
     fd = try_run_lock(state_dir)
     if fd is None:
-        holder = lock_holder(state_dir)
-        if holder is not None and newer_run(holder, alive_at):
+        holder = lock_record(state_dir)
+        if holder is not None and not lost_run_holds(holder, lost_run, alive_at):
             log.warning("worker %s: a newer run (pid %d) holds its state; it removed what the lost run left",
-                        worker_id, holder)
+                        worker_id, holder[0])
             return []
         if holder is not None:
-            log.warning("worker %s (pid %d) still runs though it was lost: killing it", worker_id, holder)
-            kill_tree(holder)
+            log.warning("worker %s (pid %d) still runs though it was lost: killing it", worker_id, holder[0])
+            kill_tree(holder[0])
         fd = await asyncio.to_thread(take_run_lock, state_dir, 30.0)
     try:
         for pid in strays_of(state_dir / "runc"):
@@ -224,14 +235,16 @@ async def reap(settings: Any, worker_id: str, alive_at: float | None = None) -> 
         os.close(fd)
 
 
-def newer_run(pid: int, alive_at: float | None) -> bool:
-    """Whether process `pid` started after `alive_at` (so it cannot be the run last seen alive then)."""
-    if alive_at is None:
-        return False
-    try:
-        return psutil.Process(pid).create_time() > alive_at
-    except psutil.Error:  # gone meanwhile: the lock is free for the reaper
-        return False
+def lost_run_holds(holder: tuple[int, float], lost_run: tuple[int, float] | None, alive_at: float | None) -> bool:
+    """Whether the run holding the lock (pid, start time) is the lost run (pure). Known by its pid and
+    start time when its heartbeats said them; else a run started after `alive_at` (its last beat) is
+    a newer one. The time alone misjudged under load: the controller notes a beat when it reads it,
+    which may be after `levers9 up` started the next run. Nothing known: the holder is taken for it."""
+    if lost_run is not None:
+        return holder[0] == lost_run[0] and same_time(holder[1], lost_run[1])
+    if alive_at is not None:
+        return holder[1] <= alive_at
+    return True
 
 
 async def _no_secrets(container_id: str, names: list[str]) -> dict[str, str]:
@@ -239,7 +252,8 @@ async def _no_secrets(container_id: str, names: list[str]) -> dict[str, str]:
 
 
 def main(argv: list[str]) -> int:
-    """`python -m levers9.worker.lifecycle.restart reap WORKER_ID [--alive-at EPOCH]`: prints {"removed": [...]} as its last line."""
+    """`python -m levers9.worker.lifecycle.restart reap WORKER_ID [--alive-at EPOCH] [--lost-run PID@STARTED]`:
+    prints {"removed": [...]} as its last line."""
     from levers9.runtime.config import Settings
 
     args = argparse.ArgumentParser(prog="python -m levers9.worker.lifecycle.restart")
@@ -247,9 +261,15 @@ def main(argv: list[str]) -> int:
     args.add_argument("worker_id")
     args.add_argument("--alive-at", type=float, default=None,
                       help="when the lost run was last seen alive (epoch seconds): a run started later is left alone")
+    args.add_argument("--lost-run", default=None, metavar="PID@STARTED",
+                      help="the lost run's pid and start time (epoch seconds): any other run is left alone")
     parsed = args.parse_args(argv)
+    lost_run = None
+    if parsed.lost_run:
+        pid, _, started = parsed.lost_run.partition("@")
+        lost_run = (int(pid), float(started))
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    removed = asyncio.run(reap(Settings.load(), parsed.worker_id, parsed.alive_at))
+    removed = asyncio.run(reap(Settings.load(), parsed.worker_id, parsed.alive_at, lost_run))
     print(json.dumps({"removed": removed}))
     return 0
 
