@@ -11,7 +11,8 @@ while it does not answer (or answers 5xx): the dump is there, its node is restar
 while (seen: two new dumps lost to a node cache down for a minute), for up to NODE_CACHE_PATIENCE_S
 after the dump (then its node is taken for gone); any other failure ends it with
 CheckpointFailed (stage upload). A checkpoint of a
-deployment that was deleted meanwhile is refused. CheckpointDeleted removes the object.
+deployment that was deleted meanwhile is refused. CheckpointDeleted removes the object. A box dumped
+when idle (a notebook) keeps its newest dumps only (pruning.py).
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ from levers9.runtime.secrets import checkpoint_context, keyring
 from levers9.runtime.service import Service
 from levers9.runtime.storage import S3_UNREACHABLE, S3Unavailable, s3_client, workspace_bucket
 from levers9.runtime.views import CheckpointsView, ContainersView, DeploymentsView
+
+from .pruning import prune_idle_dumps
 
 log = logging.getLogger("levers9.checkpoint_store")
 
@@ -134,6 +137,7 @@ class CheckpointStoreService(Service):
         await self.bus.publish(caused_by(env, E.CheckpointStored(checkpoint_id=ev.checkpoint_id, bucket=bucket,
                                                                  key=key, size_bytes=size, sha256=sha)))
         log.info("checkpoint %s stored: %d bytes in s3://%s/%s", ev.checkpoint_id, size, bucket, key)
+        await prune_idle_dumps(self.pool, self.bus.publish, env, ev)  # a notebook's older idle dumps
 
     async def not_its_worker(self, workspace: str, ev: E.CheckpointDumped) -> str | None:
         """Why a dump is refused, or None: only the worker its container is placed on may hand in a
