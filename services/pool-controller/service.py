@@ -124,11 +124,16 @@ class PoolControllerService(Service):
         self.exited &= {r["worker_id"] for r in rows} | set(self.provisioned_at)
         last_seq = {r["worker_id"]: r["last_seq"] for r in rows}
         self.heartbeats.prune(now - FORGET_HEARTBEATS_AFTER_S)
-        for wid, why in lost_workers(workers, self.heartbeats.snapshot(), now, HEARTBEAT_TTL_S, REGISTER_GRACE_S,
-                                     exited=frozenset(self.exited), provision_timeout=PROVISION_TIMEOUT_S):
+        snapshot = self.heartbeats.snapshot()
+        lost = lost_workers(workers, snapshot, now, HEARTBEAT_TTL_S, REGISTER_GRACE_S,
+                            exited=frozenset(self.exited), provision_timeout=PROVISION_TIMEOUT_S)
+        # which run was lost is read now, with the decision: a beat that comes during the awaits below
+        # is the next run's (`levers9 up` restarted the worker), and the reaper must spare that one
+        runs = {wid: LostRun(snapshot.seen.get(wid), self.heartbeats.last_run(wid)) for wid, _ in lost}
+        for wid, why in lost:
             if why == HEARTBEAT_EXPIRED and not await self.confirm_expired(wid):
                 continue
-            await self.append_lost(wid, why, last_seq[wid])
+            await self.append_lost(wid, why, last_seq[wid], runs[wid])
 
     async def confirm_expired(self, worker_id: str) -> bool:
         """Read the worker's key directly before declaring it lost: a table that missed its beats
@@ -153,15 +158,14 @@ class PoolControllerService(Service):
         await self.fencer.recover(self.bus, [r["worker_id"] for r in rows if self.fencer.can_fence(r["worker_id"])])
         self.fences_recovered = True
 
-    async def append_lost(self, worker_id: str, why: str, last_seq: int) -> None:
+    async def append_lost(self, worker_id: str, why: str, last_seq: int, run: LostRun) -> None:
         fence = self.fencer.can_fence(worker_id)  # its node is this machine: its containers wait for the fence
         try:
             await self.bus.append(envelope(E.WorkerLost(worker_id=worker_id, reason=why, awaits_fence=fence),
                                            workspace=SYSTEM_WORKSPACE), last_seq)
             log.warning("worker %s lost: %s", worker_id, why)
             if fence:  # the reaper spares any run but the lost one (`levers9 up` may have started the next)
-                self.fencer.pending[worker_id] = LostRun(self.heartbeats.snapshot().seen.get(worker_id),
-                                                         self.heartbeats.last_run(worker_id))
+                self.fencer.pending[worker_id] = run
             self.exited.discard(worker_id)
             if worker_id in self.started_here:  # still running (a cut link): its containers run elsewhere now
                 for backend in self.backends.values():

@@ -103,3 +103,44 @@ def test_a_netns_hosts_reaper_enters_its_host_while_the_host_is_there(tmp_path, 
     assert prefix == ["nsenter", f"--net={tmp_path / 'netns' / plan.netns}", "--"]
     assert env["LEVERS9_BRIDGE_NAME"] == plan.bridge and env["LEVERS9_BRIDGE_SUBNET"] == plan.container_subnet
     assert backend.reaper_where("w-unknown") == ([], {})
+
+
+async def test_a_beat_of_the_next_run_during_the_lost_decision_is_not_taken_for_the_lost_run(tmp_path, monkeypatch):
+    """CI (stop 33): the worker SIGKILLed, `levers9 up` started the next run, whose first beat came while
+    the controller awaited the bus to append WorkerLost; the lost run was then read from the table (that
+    beat's time), the reaper took the new run for the lost one and killed it. What the reaper is told is
+    read with the decision, before any await."""
+    import time
+
+    from levers9.pool_controller import service as svc
+    from levers9.runtime.config import Settings
+
+    (tmp_path / "workers" / "local-1").mkdir(parents=True)
+    pools = tmp_path / "pools.toml"
+    pools.write_text('[pools.default]\nbackend = "local"\nmin_warm = 0\n')
+    controller = svc.PoolControllerService(Settings().with_(pools_file=str(pools), home=str(tmp_path)))
+    now = time.time()
+    table = controller.heartbeats
+    table.current, table.seen = True, {"local-1": now - 30}
+    table.runs = {"local-1": ((4242, now - 3600), now - 30)}  # the run that was SIGKILLed
+
+    class Rows:
+        async def fetch(self, sql, *args):
+            return [{"worker_id": "local-1", "status": "ready", "last_seq": 7, "at": now - 3600}]
+
+    class Bus:
+        appended: list = []
+
+        async def append(self, env, expected):  # meanwhile the next run's first beat is read
+            table.seen["local-1"] = time.time()
+            table.runs["local-1"] = ((5151, time.time() - 1), time.time())
+            self.appended.append(env)
+
+    async def not_beating(bus, worker_id):
+        return False
+
+    monkeypatch.setattr(svc, "still_beating", not_beating)
+    controller.pool, controller.bus = Rows(), Bus()  # type: ignore[assignment]
+    await controller.declare_lost()
+    assert [e.type for e in Bus.appended] == ["WorkerLost"]
+    assert controller.fencer.pending == {"local-1": LostRun(now - 30, (4242, now - 3600))}
