@@ -67,7 +67,9 @@ class ComponentStatus:
 class Stack:
     """The servers and services of one levers9 home on this machine."""
 
-    ready_timeout = 30.0
+    # a live process still starting is waited for (one that exits fails at once): under a loaded
+    # machine (load 14) the gateway answered nothing within 30 s of its start
+    ready_timeout = 120.0
     stop_timeout = 30.0  # > the 20 s a service has to finish its work in hand (levers9.runtime.service)
 
     def __init__(self, home: Path, settings: Settings):
