@@ -154,7 +154,9 @@ def _api(url: str) -> client.CoreV1Api:
 
 @pytest.fixture
 def backend(fake, issuer):
-    b = KubernetesBackend(SETTINGS, str(issuer.dir), _api(fake.url), watch_timeout_s=1, request_timeout_s=5)
+    # a generous ceiling: the fake API server is a thread of this loaded process (one read took over 5 s
+    # beside a CI run: "Read timed out"); the unreachable server's refusal has a backend of its own
+    b = KubernetesBackend(SETTINGS, str(issuer.dir), _api(fake.url), watch_timeout_s=1, request_timeout_s=60)
     yield b
     b.close()
 

@@ -92,6 +92,21 @@ def run_async(coro_fn: Callable[[], Coroutine[Any, Any, Any]]) -> Any:
         return pool.submit(asyncio.run, coro_fn()).result()
 
 
+HEALTH_TRIES, HEALTH_ANSWER_S, HEALTH_RETRY_S = 3, 5.0, 0.5  # a running service's health, asked by `up`
+
+
+def asked_again(check: Callable[[], bool]) -> bool:
+    """Whether a running service's health check passes, asked up to HEALTH_TRIES times: on a loaded
+    machine a healthy service took over a second to answer, and `up` restarted it for that (a
+    restart of a live gateway or worker mid-work, for nothing)."""
+    for attempt in range(HEALTH_TRIES):
+        if quietly(check):
+            return True
+        if attempt + 1 < HEALTH_TRIES:
+            time.sleep(HEALTH_RETRY_S)  # a probe's backoff
+    return False
+
+
 def quietly(check: Callable[[], bool]) -> bool:
     try:
         return check()

@@ -27,13 +27,14 @@ import psutil
 
 from levers9.runtime.config import Settings
 
-from . import nats_server, postgres, reaper, registry, s3, service_env
+from . import nats_server, postgres, procs, reaper, registry, s3, service_env
 from .home import CHILDREN, PROCESSES, SERVERS, Home, Launch, Server
 from .procs import (
     LOCALHOST,
     Progress,
     StackError,
     ancestors,
+    asked_again,
     describe,
     free_port,
     http_status,
@@ -41,7 +42,6 @@ from .procs import (
     port_of,
     port_taken,
     quiet,
-    quietly,
     redact,
     stop_named,
     terminate,
@@ -399,7 +399,7 @@ class Stack:
         if pid is not None and not entry.get("roles"):  # an older levers9 gave it everyone's credentials
             progress(f"{name}: pid {pid} was started without its role's credentials; restarting it")
             return False
-        if pid is not None and port and quietly(lambda: self._healthz(port)):
+        if pid is not None and port and asked_again(lambda: self._healthz(port, timeout=procs.HEALTH_ANSWER_S)):
             progress(f"{name}: already running (pid {pid}) at http://{LOCALHOST}:{port}")
             return True
         if pid is not None:
