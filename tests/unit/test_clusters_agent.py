@@ -106,7 +106,7 @@ def fake():
 def _pods(fake) -> Pods:
     cfg = client.Configuration()
     cfg.host = fake.url
-    return Pods(client.CoreV1Api(client.ApiClient(cfg)), NS, timeout=5)
+    return Pods(client.CoreV1Api(client.ApiClient(cfg)), NS, timeout=60)  # a ceiling: the fake is a thread of a loaded process
 
 
 def test_start_creates_a_valid_secret_and_pod_and_stop_deletes_them(fake):

@@ -318,12 +318,12 @@ def test_the_fake_itself_answers_422_for_a_schema_invalid_object(fake):
     request = urllib.request.Request(f"{fake.url}/api/v1/namespaces/{NS}/pods", json.dumps(pod).encode(),
                                      {"Content-Type": "application/json"}, method="POST")
     with pytest.raises(urllib.error.HTTPError) as e:
-        urllib.request.urlopen(request, timeout=5)
+        urllib.request.urlopen(request, timeout=60)
     status = json.loads(e.value.read())
     assert e.value.code == 422 and status["reason"] == "Invalid" and "containerPort" in status["message"]
     pod["spec"]["containers"][0]["ports"][0]["containerPort"] = 8080
     request.data = json.dumps(pod).encode()
-    assert urllib.request.urlopen(request, timeout=5).status == 201
+    assert urllib.request.urlopen(request, timeout=60).status == 201
 
 
 def test_a_misconfigured_pool_sends_nothing(fake, backend):

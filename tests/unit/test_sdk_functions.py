@@ -210,7 +210,7 @@ def test_prints_reach_stdout_and_stderr_in_order_before_the_value(fake, capsys):
 def test_spawn_then_get_and_from_id(fake):
     call = square.spawn(5)
     assert isinstance(call, FunctionCall) and call.id
-    assert call.get(timeout=5) == 25
+    assert call.get(timeout=60) == 25
     assert FunctionCall.from_id(call.id).get() == 25
     assert [h.mode for h in fake.kinds("hello")] == ["spawn", "get", "get"]
 
