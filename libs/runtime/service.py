@@ -25,6 +25,7 @@ from .bus import Bus
 from .bus_auth import BusAuth
 from .config import Settings, unknown_warning
 from .consumer import Delivery, OrderedConsumer, WorkConsumer
+from .loop_stall import StallWatch
 from .projection import Projection, ProjectionStore, schema_for
 from .tasks import spawn
 from .telemetry import consuming_span, setup_logging, setup_tracing
@@ -208,6 +209,7 @@ class Service:
         finished the work in hand (or 20 s passed)."""
         s = self.settings
         loops = [c.run for c in self.ordered_consumers()] + [c.run for c in self.reactions()] + self.background()
+        loops.append(StallWatch().run)  # a blocking call on the loop, measured and named (loop_stall)
         tasks = [spawn(fn(self.stop), name=f"{self.name} {getattr(fn, '__qualname__', fn)}", logger=log)
                  for fn in loops]
         log.info("%s started on %s:%s", self.name, s.process.http_host, s.process.http_port)

@@ -23,13 +23,20 @@ targets = json.loads(sys.argv[1])
 # at once: a dropped packet costs its whole timeout, and there are addresses x ports of them
 with ThreadPoolExecutor(32) as pool:
     out = dict(zip(targets, pool.map(reach, targets)))
-try:
-    from pip._internal.models.index import PyPI
-    context = ssl.create_default_context(cafile=os.environ.get("PIP_CERT") or None)
-    with urllib.request.urlopen(PyPI.simple_url.rstrip("/") + "/pip/", timeout=60, context=context) as answer:
-        out["index"] = answer.status
-except Exception as exc:
-    out["index"] = f"{type(exc).__name__}: {exc}"
+# as pip does, a try that the index (or a loaded worker) leaves unanswered is tried again: each
+# attempt's error is kept, so a refusal by the proxy (403/502) shows as such, not as a timeout
+from pip._internal.models.index import PyPI
+context = ssl.create_default_context(cafile=os.environ.get("PIP_CERT") or None)
+errors = []
+for attempt in range(3):
+    try:
+        with urllib.request.urlopen(PyPI.simple_url.rstrip("/") + "/pip/", timeout=60, context=context) as answer:
+            out["index"] = answer.status
+        break
+    except Exception as exc:
+        errors.append(f"{type(exc).__name__}: {exc}")
+        out["index"] = "; ".join(errors)
+out["index_errors"] = errors
 os.makedirs("/srv/hostile", exist_ok=True)
 with open("/srv/hostile/probe.json", "w") as f:
     json.dump(out, f)
