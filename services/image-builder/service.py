@@ -17,7 +17,6 @@ import asyncio
 import datetime as dt
 import json
 import logging
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -31,6 +30,7 @@ from levers9.contracts.images import build_steps
 from levers9.contracts.spec import ArchiveRef, ImageSpec
 from levers9.runtime.bus import ConcurrencyConflict
 from levers9.runtime.consumer import Delivery, WorkConsumer
+from levers9.runtime.off_loop import scratch_dir
 from levers9.runtime.projection import Projection
 from levers9.runtime.service import Service
 from levers9.runtime.storage import s3_client, workspace_bucket
@@ -191,8 +191,8 @@ class ImageBuilderService(Service):
                 image_id=ev.image_id, builder="image-builder", step=max(0, total - 1), total=total, state="log",
                 lines=[line])))
 
-        with tempfile.TemporaryDirectory(prefix=f"levers9-{ev.image_id}-", dir=self.scratch()) as tmp:
-            layout, root = Path(tmp) / "layout", Path(tmp) / "root"
+        async with scratch_dir(f"levers9-{ev.image_id}-", self.scratch()) as tmp:
+            layout, root = tmp / "layout", tmp / "root"
             t0 = time.monotonic()
             await oci.pull(ev.registry, ev.reference, layout)
             count = await asyncio.to_thread(oci.unpack, layout, root)

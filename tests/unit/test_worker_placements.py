@@ -376,8 +376,11 @@ class SlowStopRuntime(FakeRuntime):
         return None if container_id == "c0" else Exit(1, "exited with status 1")
 
     async def stop(self, container_id: str, timeout: float = 10) -> Exit:
+        # only c0's stop is slow: c1 (which exits at once) is cleaned up when its start sees it exit,
+        # and that stop waiting for the test's signal hung the test whenever the exit was seen first
         self.stopping.append(container_id)
-        await self.let_stop.wait()
+        if container_id == "c0":
+            await self.let_stop.wait()
         return await super().stop(container_id, timeout)
 
 
@@ -395,5 +398,5 @@ async def test_a_stop_under_way_does_not_hold_up_the_next_placement(worker, gate
     assert not [e for e in published(worker, E.ContainerStopped) if e.container_id == "c0"]
     worker.runtime.let_stop.set()
     await asyncio.wait_for(worker.containers.stop_all("worker stopping"), 5)  # waits for the stop under way
-    assert [e.container_id for e in published(worker, E.ContainerStopped)] == ["c0"]
+    assert [e.container_id for e in published(worker, E.ContainerStopped) if e.container_id == "c0"] == ["c0"]
     assert "c0" not in worker.containers

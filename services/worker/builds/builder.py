@@ -32,7 +32,6 @@ import contextlib
 import fcntl
 import logging
 import os
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
@@ -44,6 +43,7 @@ from levers9.contracts.images import PLATFORM_BASE, BuildStep, env_list, image_t
 from levers9.contracts.subjects import filter_subject
 from levers9.runtime.bus import Bus
 from levers9.runtime.consumer import Delivery, WorkConsumer
+from levers9.runtime.off_loop import scratch_dir
 from levers9.worker.runtime.runc import rootfs
 
 from . import buildah
@@ -262,8 +262,8 @@ class Build:
 
     async def push(self, local: str, reference: str) -> str:
         await self.progress(max(self.step, 0), "pushing", [f"pushing {reference}"])
-        with tempfile.TemporaryDirectory(prefix="levers9-push-") as tmp:
-            return await buildah.push(local, self.remote(reference), Path(tmp) / "digest")
+        async with scratch_dir("levers9-push-") as tmp:
+            return await buildah.push(local, self.remote(reference), tmp / "digest")
 
     # ---- output -------------------------------------------------------------------------------------
 
@@ -345,8 +345,8 @@ class Build:
                 await buildah.commit(name, local)
             finally:
                 await buildah.remove(name)
-        with tempfile.TemporaryDirectory(prefix="levers9-push-") as tmp:
-            await buildah.push(local, reference, Path(tmp) / "digest")
+        async with scratch_dir("levers9-push-") as tmp:
+            await buildah.push(local, reference, tmp / "digest")
         log.info("platform base pushed to %s in %.1f s", reference, time.monotonic() - began)
         await self.progress(0, "log", [f"platform base pushed in {time.monotonic() - began:.1f} s"])
 

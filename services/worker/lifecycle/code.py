@@ -4,6 +4,7 @@ brings its function)."""
 
 from __future__ import annotations
 
+import asyncio
 import io
 import logging
 import os
@@ -43,10 +44,7 @@ async def fetch_code(settings: Settings, state_dir: Path, c: Running) -> Path:
     if r.status_code != 200:
         raise RuntimeError(f"code archive not available ({r.status_code}): {r.text[:300]}")
     tmp = target.with_name(target.name + f".tmp{os.getpid()}")
-    tmp.mkdir(parents=True, exist_ok=True)
-    with tarfile.open(fileobj=io.BytesIO(r.content), mode="r:gz") as tar:
-        extract_data(tar, tmp)  # refuses absolute paths, .. and links out (PEP 706)
-    os.chmod(tmp, 0o755)
+    await asyncio.to_thread(_unpack, r.content, tmp)  # an archive of thousands of files: off the loop
     try:
         tmp.rename(target)
     except OSError:  # extracted concurrently by another start of the same code
@@ -54,3 +52,10 @@ async def fetch_code(settings: Settings, state_dir: Path, c: Running) -> Path:
     log.info("code %s of %s: %d bytes fetched and unpacked in %.0f ms", sha[:12], c.deployment_id,
              len(r.content), (time.monotonic() - began) * 1000)
     return target
+
+
+def _unpack(archive: bytes, into: Path) -> None:
+    into.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(fileobj=io.BytesIO(archive), mode="r:gz") as tar:
+        extract_data(tar, into)  # refuses absolute paths, .. and links out (PEP 706)
+    os.chmod(into, 0o755)

@@ -27,6 +27,7 @@ from levers9.contracts.spec import DeploymentSpec
 from levers9.contracts.volumes import Bind, BucketMount, bucket_binds, passwd_line, s3fs_args, volume_binds
 from levers9.runtime import juicefs
 from levers9.runtime.config import Settings
+from levers9.runtime.off_loop import remove_tree
 from levers9.worker.network.egress import address_refusal, denied_networks, host_addresses
 from levers9.worker.runtime.interface import Runtime
 
@@ -127,14 +128,14 @@ class WorkerVolumes:
                 unmount(Path(point))
             except Exception:  # noqa: BLE001 - the next start's cleanup retries
                 log.warning("could not unmount %s", point, exc_info=True)
-        shutil.rmtree(top, ignore_errors=True)
+        await remove_tree(top)
 
     async def clean_stale(self) -> None:
         """At start: buckets and the JuiceFS mount a crashed predecessor left."""
         top = self.state_dir / "buckets"
         for container in (top.iterdir() if top.is_dir() else ()):
             await self.release(container.name)
-        shutil.rmtree(self.state_dir / "private", ignore_errors=True)
+        await remove_tree(self.state_dir / "private")
         await self.juicefs.clean_stale()
 
     async def serve(self, stop: asyncio.Event) -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -14,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from levers9.runtime.config import Settings
+from levers9.runtime.off_loop import remove_tree
 from levers9.runtime.ports import free_port
 
 from .interface import ContainerError, ContainerSpec, Exit, Progress, Runtime, Started, exit_of, start_time
@@ -95,7 +95,7 @@ class ProcessRuntime(Runtime):
                 await asyncio.to_thread(proc.popen.wait)
         _killpg(proc.popen.pid, signal.SIGKILL)  # what the app left behind in its session
         ended = await self.poll(container_id)
-        shutil.rmtree(self.containers_dir / container_id, ignore_errors=True)
+        await remove_tree(self.containers_dir / container_id)
         assert ended is not None
         return ended
 
@@ -112,7 +112,7 @@ class ProcessRuntime(Runtime):
                     _killpg(state["pid"], signal.SIGKILL)
             except (OSError, ValueError, KeyError):
                 pass
-            shutil.rmtree(cdir, ignore_errors=True)
+            await remove_tree(cdir)
             found.append(cdir.name)
         return found
 

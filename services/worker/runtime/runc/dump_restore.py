@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from levers9.executor import wire
+from levers9.runtime.off_loop import remove_tree
 from levers9.worker.checkpoints import archive as ckpt
 from levers9.worker.checkpoints.criu_install import CriuInfo, ensure_criu
 from levers9.worker.network import bridge as network
@@ -108,7 +109,7 @@ class RuncCheckpoints:
                 size, sha = await asyncio.to_thread(ckpt.write_tar, Path(out_tar), manifest,
                                                     scratch / ckpt.IMAGES, scratch / ckpt.UPPER)
             finally:
-                await asyncio.to_thread(shutil.rmtree, scratch, True)
+                await remove_tree(scratch)
             return ckpt.CheckpointArtifact(size_bytes=size, sha256=sha, seconds=time.monotonic() - began,
                                            dump_seconds=dump_s, paused_seconds=paused_s, manifest=manifest)
 
@@ -251,10 +252,10 @@ class RuncCheckpoints:
                 except OSError:  # unpacked meanwhile by a concurrent restore of the same tar
                     pass
             finally:
-                shutil.rmtree(staging, ignore_errors=True)
+                await remove_tree(staging)
             for old in sorted((d for d in root.iterdir() if not d.name.startswith(".")),
                               key=lambda d: d.stat().st_mtime, reverse=True)[KEEP_UNPACKED:]:
-                shutil.rmtree(old, ignore_errors=True)
+                await remove_tree(old)
         os.utime(final)
         return final, json.loads((final / "manifest.json").read_text())
 
@@ -284,7 +285,7 @@ class RuncCheckpoints:
         await cgroups.kill_cgroup(cgroups_path(cid))
         await self.lc.cli.cmd("delete", "-f", cid)
         self.lc._unmount_leftovers(cid)
-        shutil.rmtree(self.lc.runc_root / cid, ignore_errors=True)
+        await remove_tree(self.lc.runc_root / cid)
         await self.lc._teardown(cid, keep_log=False)
         cgroups.remove_cgroups(cgroups_path(cid))
 

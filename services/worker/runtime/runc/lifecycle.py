@@ -26,6 +26,7 @@ import msgspec
 
 from levers9.contracts.spec import ImageRef
 from levers9.runtime.config import Settings
+from levers9.runtime.off_loop import remove_tree
 from levers9.worker.checkpoints import archive as ckpt
 from levers9.worker.images.layers import ImageMounts
 from levers9.worker.mounts.syscalls import detach, mount_overlay, mount_points, mounts_under, unmount
@@ -319,7 +320,7 @@ class RuncLifecycle:
         if cdir.exists():
             if any(m == str(cdir) or m.startswith(f"{cdir}/") for m in mount_points()):
                 raise ContainerError(f"{cdir} still has mounts; not removing it")
-            shutil.rmtree(cdir, ignore_errors=True)
+            await remove_tree(cdir)
 
     async def cleanup_all(self) -> list[str]:
         found: set[str] = set()
@@ -346,7 +347,7 @@ class RuncLifecycle:
         self._unmount_leftovers(cid)
         await self._teardown(cid)
         if not (self.runc_root / cid / "state.json").exists():  # runc's half-made restore
-            shutil.rmtree(self.runc_root / cid, ignore_errors=True)
+            await remove_tree(self.runc_root / cid)
         cgroups.remove_cgroups(cgroup)
         self._ended.pop(cid, None)
 
