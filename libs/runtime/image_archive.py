@@ -37,8 +37,11 @@ from .storage import ensure_bucket, s3_client
 log = logging.getLogger("levers9.image_archive")
 
 COPY = 1 << 20
-PART_SIZE = 64 << 20  # S3 multipart part size (the minimum is 5 MiB, the maximum 10,000 parts)
-SINGLE_PUT_MAX = 64 << 20  # up to this, one put_object
+# S3 multipart part size (the minimum is 5 MiB; 10,000 parts at most: 160 GiB). botocore signs and
+# checksums a part, and aiohttp copies it, on the event loop: a 64 MiB part stalled the
+# image-builder's loop 2 s at a time under load (loop_stall), 16 MiB a quarter of that
+PART_SIZE = 16 << 20
+SINGLE_PUT_MAX = 16 << 20  # up to this, one put_object
 PARTS_AT_ONCE = 4
 ARCHIVES = "images/archives"
 INDEXES = "images/indexes"
