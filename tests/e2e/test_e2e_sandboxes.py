@@ -2,7 +2,8 @@
 (`shared_env`): a program's output streams before it ends and takes stdin; a missing program exits
 127 with its error; files round trip under the workdir and a path or link out of it is refused; a
 file over the limit is 413; another workspace gets 404; a snapshot restored into a new sandbox has
-the first one's files and a process's memory; `levers9 sandboxes list --json`; terminate."""
+the first one's files and a process's memory, and two of the same options snapshot at once; `levers9
+sandboxes list --json`; terminate."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import json
 import os
 import tomllib
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -134,6 +136,27 @@ def test_a_snapshot_restores_files_and_memory_in_a_new_sandbox_then_terminate(sb
     assert "not running" in str(gone.value)
     replay = cli(shared_env, "events", "replay", "--type", "SandboxTerminated", "--json").stdout
     assert restored.id in replay
+
+
+def test_two_sandboxes_of_the_same_options_snapshot_at_once(client):
+    # same options, same deployment: the worker takes one dump per deployment at a time, and dropped
+    # the second asked for (its caller waited 300 s for a 504); now it waits its turn
+    twins = [Sandbox.create(app="e2e-twins", cpu=0.25, memory="128Mi", idle_timeout=120, client=client) for _ in range(2)]
+    try:
+        for i, box in enumerate(twins):
+            box.files.write("who.txt", f"twin {i}")
+        with ThreadPoolExecutor(2) as pool:
+            snaps = list(pool.map(lambda box: box.snapshot(), twins))
+        assert len({s.id for s in snaps}) == 2
+        for i, snap in enumerate(snaps):
+            restored = Sandbox.create(from_snapshot=snap, client=client)
+            try:
+                assert restored.files.read("who.txt") == f"twin {i}".encode()
+            finally:
+                restored.terminate()
+    finally:
+        for box in twins:
+            box.terminate()
 
 
 def ask_answer(sb: Sandbox) -> str:

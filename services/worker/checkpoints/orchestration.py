@@ -120,6 +120,7 @@ class NodeCacheFailed(RestoreError):
         self.failure = failure
 
 
+MANUAL_CLAIM_TRIES = 5
 TRANSIENT_CAUSES = (ConnectionError, TimeoutError, asyncio.TimeoutError, httpx.TransportError)
 
 
@@ -184,6 +185,7 @@ class Checkpoints:
     def __init__(self, worker: Worker) -> None:
         self.worker = worker
         self.dumping: set[str] = set()  # deployment ids with a dump in progress here
+        self._turns: dict[str, tuple[asyncio.Lock, int]] = {}  # per deployment: its lock, how many hold or wait
 
     async def warm(self, ref: CheckpointRef) -> None:
         """Fetch a checkpoint into the node cache and unpack it before any restore asks for it: the
@@ -242,25 +244,36 @@ class Checkpoints:
             return None, f"cold: restore of {ck} failed: {reason}"[:500]
 
     async def checkpoint(self, c: Running, manual: bool = False, stopping: bool = False) -> None:
-        """Dump a ready container leave-running, at most one dump per deployment version at a time.
-        `stopping`: the dump is taken because the container stops next (before_stop)."""
-        if c.deployment_id in self.dumping:
+        """Dump a ready container leave-running, at most one dump per deployment at a time here.
+        An automatic dump is skipped while one of its deployment runs (one checkpoint is what it
+        wants); one that was asked for (a sandbox's snapshot, a notebook's idle dump) waits its turn:
+        two same-option sandboxes share a deployment, and the second snapshot was dropped and its
+        caller waited 300 s for a 504. `stopping`: the container stops next (before_stop)."""
+        if c.deployment_id in self.dumping and not manual:
             return
-        self.dumping.add(c.deployment_id)
+        lock, users = self._turns.get(c.deployment_id, (asyncio.Lock(), 0))
+        self._turns[c.deployment_id] = (lock, users + 1)
         try:
-            claim = await self.claim(c, manual)
-            if claim is not None:
-                await self._dump(c, claim, stopping)
+            async with lock:
+                self.dumping.add(c.deployment_id)
+                try:
+                    claim = await self.claim(c, manual)
+                    if claim is not None:
+                        await self._dump(c, claim, stopping)
+                finally:
+                    self.dumping.discard(c.deployment_id)
         finally:
-            self.dumping.discard(c.deployment_id)
+            lock, users = self._turns[c.deployment_id]
+            if users == 1:
+                del self._turns[c.deployment_id]
+            else:
+                self._turns[c.deployment_id] = (lock, users - 1)
 
     async def before_stop(self, c: Running) -> None:
         """A box with idle_checkpoint (a notebook) is dumped before it stops, so that its next start
-        restores its memory as it is now, not as it was when it first answered. A dump of its
-        deployment already running here is waited for, and one more taken. It never holds up the
-        stop for good: a failed dump is a CheckpointFailed, and the stop goes on."""
-        while c.deployment_id in self.dumping:  # at most one at a time; dumps end (CRIU's timeout)
-            await asyncio.sleep(0.2)
+        restores its memory as it is now, not as it was when it first answered (after a dump of its
+        deployment already running here). It never holds up the stop for good: a failed dump is a
+        CheckpointFailed, and the stop goes on."""
         await self.checkpoint(c, manual=True, stopping=True)
 
     async def _dump(self, c: Running, claim: str, stopping: bool = False) -> None:
@@ -300,13 +313,24 @@ class Checkpoints:
                                                    deployment_id=c.deployment_id, worker_id=w.worker_id))
             return None
         checkpoint_id = uuid7()
-        try:
-            await w.bus.append(envelope(E.DeploymentCheckpointClaimed(
-                deployment_id=c.deployment_id, checkpoint_id=checkpoint_id, worker_id=w.worker_id,
-                container_id=c.container_id), workspace=c.workspace, correlation_id=c.correlation_id), dep["last_seq"])
-        except ConcurrencyConflict:
-            return None  # another worker claimed it first
-        return checkpoint_id
+        env = envelope(E.DeploymentCheckpointClaimed(
+            deployment_id=c.deployment_id, checkpoint_id=checkpoint_id, worker_id=w.worker_id,
+            container_id=c.container_id), workspace=c.workspace, correlation_id=c.correlation_id)
+        expected = dep["last_seq"]
+        for _ in range(MANUAL_CLAIM_TRIES if manual else 1):
+            try:
+                await w.bus.append(env, expected)
+                return checkpoint_id
+            except ConcurrencyConflict:
+                # automatic: another worker claimed it first. One asked for is of this container and
+                # excludes nobody: the deployment's log moved on (the last dump's own events, which
+                # this worker's projection may not have read yet), so claim again after it
+                expected = await w.bus.last_seq(w.bus.aggregate_filter(env))
+        if manual:
+            await w.emit(c, E.CheckpointFailed(checkpoint_id=checkpoint_id, stage="dump", deployment_id=c.deployment_id,
+                                               worker_id=w.worker_id, reason="the deployment's log kept moving while "
+                                               f"the dump was claimed ({MANUAL_CLAIM_TRIES} tries): ask again"))
+        return None
 
     async def _choice(self, c: Running, manual: bool, dep: asyncpg.Record) -> DumpChoice:
         w = self.worker
