@@ -196,10 +196,12 @@ checkpoints_app = typer.Typer(help="Checkpoints: list, delete.", no_args_is_help
 
 
 @deployments_app.command("list")
-def deployments_list(json_out: bool = JSON_OPTION) -> None:
+def deployments_list(json_out: bool = JSON_OPTION,
+                     sandboxes: bool = typer.Option(False, "--sandboxes", help="Also the deployments made for "
+                                                    "sandboxes (sb-…, one per set of options).")) -> None:
     """List deployments."""
     with errors():
-        rows = client().list_deployments()
+        rows = client().list_deployments(sandboxes=sandboxes)
     show_rows(rows if json_out else [deployment_columns(r) for r in rows],
               ["name", "version", "status", "containers", "desired", "cpu_millicores", "memory_mib", "gpu", "gpu_count",
                "deployment_id", "created_at"], json_out)

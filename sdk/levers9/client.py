@@ -130,8 +130,9 @@ class Client:
                           data={"spec": json.dumps(spec)},
                           files={"code": ("code.tar.gz", code, "application/gzip")}, timeout=DEPLOY_TIMEOUT)
 
-    def list_deployments(self) -> list[dict[str, Any]]:
-        return self._call("GET", "/api/v1/deployments", "listing deployments")
+    def list_deployments(self, sandboxes: bool = False) -> list[dict[str, Any]]:
+        return self._call("GET", "/api/v1/deployments", "listing deployments",
+                          params={"sandboxes": "true"} if sandboxes else None)
 
     def stop_deployment(self, name: str) -> Any:
         return self._call("POST", f"/api/v1/deployments/{name}/stop", f"stopping deployment {name!r}",

@@ -101,11 +101,13 @@ async def deploy(request: Request, caller: User, gw: Gateway, spec: str = Form(.
 
 
 @router.get("/api/v1/deployments")
-async def list_deployments(caller: User, gw: Gateway) -> list[dict[str, Any]]:
+async def list_deployments(caller: User, gw: Gateway, sandboxes: bool = False) -> list[dict[str, Any]]:
+    """The workspace's deployments; the ones the platform made for sandboxes (`sb-…`, one per set of
+    options: GET /api/v1/sandboxes lists the sandboxes) only with `sandboxes=true`."""
     rows = await gw.pool.fetch("SELECT deployment_id, name, version, status, created_at, spec "
                                "FROM gateway.deployments WHERE workspace=$1 AND status <> 'deleted' "
                                "ORDER BY name, version", caller.workspace)
-    out = [row_json(r, "spec") for r in rows]
+    out = [d for d in (row_json(r, "spec") for r in rows) if sandboxes or not (d.get("spec") or {}).get("sandbox")]
     await container_counts(gw, caller.workspace, out)  # live and desired containers (routes_scaling)
     return out
 

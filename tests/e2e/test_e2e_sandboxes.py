@@ -148,6 +148,9 @@ def test_two_sandboxes_of_the_same_options_snapshot_at_once(client):
         with ThreadPoolExecutor(2) as pool:
             snaps = list(pool.map(lambda box: box.snapshot(), twins))
         assert len({s.id for s in snaps}) == 2
+        # the platform's deployment for these options is listed only when asked for
+        assert not [d for d in client.list_deployments() if d["name"].startswith("sb-")]
+        assert [d for d in client.list_deployments(sandboxes=True) if d["name"].startswith("sb-")]
         for i, snap in enumerate(snaps):
             restored = Sandbox.create(from_snapshot=snap, client=client)
             try:
