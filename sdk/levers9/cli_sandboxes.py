@@ -4,6 +4,7 @@ gateway's /api/v1/sandboxes."""
 from __future__ import annotations
 
 import sys
+from typing import Optional
 
 import typer
 from rich.markup import escape
@@ -25,11 +26,13 @@ def list_sandboxes(json_out: bool = JSON_OPTION,
 
 
 @sandboxes_app.command("exec")
-def exec_in(sandbox_id: str, argv: list[str] = typer.Argument(..., help="the program and its arguments")) -> None:
+def exec_in(sandbox_id: str, argv: list[str] = typer.Argument(..., help="the program and its arguments"),
+            timeout: Optional[float] = typer.Option(None, "--timeout", help="kill it after this many seconds "
+                                                    "(exit code 124)")) -> None:
     """Run a program in a sandbox, its output streamed here; exits with the program's exit code."""
     with errors():
         try:
-            p = Sandbox.from_id(sandbox_id, client()).exec(*argv)
+            p = Sandbox.from_id(sandbox_id, client()).exec(*argv, timeout=timeout)
             for line in p.stdout:
                 sys.stdout.write(line)
                 sys.stdout.flush()

@@ -96,9 +96,12 @@ class Sandbox:
     def status(self) -> dict[str, Any]:
         return _call(self.client, "GET", self.path, f"reading sandbox {self.id}")
 
-    def exec(self, *argv: str, env: Mapping[str, str] | None = None, workdir: str | None = None) -> Process:
-        """Start a program in the sandbox; its output streams into the returned Process at once."""
-        return Process(self, [str(a) for a in argv], dict(env or {}), workdir)
+    def exec(self, *argv: str, env: Mapping[str, str] | None = None, workdir: str | None = None,
+             timeout: float | None = None) -> Process:
+        """Start a program in the sandbox; its output streams into the returned Process at once.
+        `timeout`: seconds after which the program and what it started are killed (exit code 124,
+        `Process.timed_out`); none by default: it runs as long as the sandbox."""
+        return Process(self, [str(a) for a in argv], dict(env or {}), workdir, timeout)
 
     def snapshot(self) -> Snapshot:
         info = _call(self.client, "POST", f"{self.path}/snapshot", f"snapshotting sandbox {self.id}",
@@ -220,16 +223,19 @@ class Stdin:
 class Process:
     """A program running in a sandbox: `stdout`/`stderr` stream, `stdin` writes, `wait()` its exit code."""
 
-    def __init__(self, sb: Sandbox, argv: list[str], env: dict[str, str], workdir: str | None) -> None:
+    def __init__(self, sb: Sandbox, argv: list[str], env: dict[str, str], workdir: str | None,
+                 timeout: float | None = None) -> None:
         self.sb, self.argv = sb, argv
         self.stdout, self.stderr, self.stdin = Stream(), Stream(), Stdin(self)
         self.returncode: int | None = None
+        self.timed_out = False
         self.pid = 0
         self._id = ""
         self._started = threading.Event()
         self._done = threading.Event()
         self._error: SandboxError | None = None
-        body = {"argv": argv, "env": env, **({"workdir": workdir} if workdir else {})}
+        body = {"argv": argv, "env": env, **({"workdir": workdir} if workdir else {}),
+                **({"timeout": timeout} if timeout is not None else {})}
         self._thread = threading.Thread(target=self._read, args=(body,), daemon=True, name="levers9-exec")
         self._thread.start()
         self._started.wait()
@@ -273,6 +279,7 @@ class Process:
             if doc.get("error"):
                 self._error = SandboxError(doc["error"])
             self.returncode = doc["exit_code"]
+            self.timed_out = bool(doc.get("timed_out"))
 
     def poll(self) -> int | None:
         return self.returncode

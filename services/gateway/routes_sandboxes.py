@@ -4,8 +4,9 @@
     GET    /api/v1/sandboxes[?all=true]              this workspace's sandboxes
     GET    /api/v1/sandboxes/{id}                    one
     DELETE /api/v1/sandboxes/{id}                    terminate
-    POST   /api/v1/sandboxes/{id}/exec               {argv, env, workdir} -> NDJSON, streamed as written:
+    POST   /api/v1/sandboxes/{id}/exec               {argv, env, workdir, timeout} -> NDJSON, streamed as written:
                                                      {"exec_id", "pid"}, {"fd": 1|2, "data"}..., {"exit_code"}
+                                                     (124 and "timed_out": true past `timeout` seconds)
     POST   /api/v1/sandboxes/{id}/exec/{exec_id}/stdin[?close=true]   body: the bytes
     PUT|GET|DELETE /api/v1/sandboxes/{id}/files?path=P                write, read, remove a file
     GET    /api/v1/sandboxes/{id}/ls?path=P          a directory's entries
@@ -28,7 +29,7 @@ from fastapi.responses import Response, StreamingResponse
 
 from levers9.contracts.sandboxes import decode_request
 from levers9.contracts.spec import InvalidSpec
-from levers9.executor.sandbox_rules import Refused, check_argv, check_size, confine
+from levers9.executor.sandbox_rules import Refused, check_argv, check_exec_timeout, check_size, confine
 
 from . import sandbox_agent as agent
 from . import sandbox_store as store
@@ -113,11 +114,12 @@ async def exec_in_sandbox(sandbox_id: str, request: Request, caller: User, gw: G
         env = ask.get("env") or {}
         if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
             raise Refused(400, "exec: env must be an object of strings")
+        timeout = check_exec_timeout(ask.get("timeout"))
     except (ValueError, Refused) as exc:
         raise HTTPException(getattr(exc, "status", 400), str(exc)) from None
     found = await _found(gw, caller.workspace, sandbox_id)
     header = {"kind": "exec", "argv": argv, "env": env, "root": found.workdir,
-              "workdir": str(ask.get("workdir") or found.workdir)}
+              "workdir": str(ask.get("workdir") or found.workdir), **({"timeout": timeout} if timeout else {})}
     frames = agent.exec_frames(found.address, header)
     try:
         first, _ = await frames.__anext__()  # a refusal answers with its status, not a 200 stream
@@ -140,7 +142,7 @@ async def ndjson(first: dict[str, Any], frames: AsyncGenerator[tuple[dict[str, A
                 if text:
                     yield line({"fd": fd, "data": text})
             elif frame.get("kind") == "exit":
-                yield line({"exit_code": int(frame.get("code", 1))})
+                yield line({"exit_code": int(frame.get("code", 1)), **({"timed_out": True} if frame.get("timed_out") else {})})
     except agent.AgentError as exc:
         yield line({"error": str(exc), "exit_code": None})
     finally:

@@ -78,6 +78,14 @@ def test_a_missing_program_exits_127_with_its_error(sb):
     assert p.wait() == 127 and "no-such-program: command not found" in p.stderr.read()
 
 
+def test_an_exec_past_its_timeout_is_killed_and_a_bad_timeout_is_400(sb, shared_env):
+    p = sb.exec("sh", "-c", "echo started; sleep 120", timeout=1)
+    assert p.wait(timeout=60) == 124 and p.timed_out
+    assert p.stdout.read() == "started\n" and "ran past its timeout of 1 s" in p.stderr.read()
+    r = api(shared_env, "POST", f"/api/v1/sandboxes/{sb.id}/exec", json={"argv": ["true"], "timeout": "soon"})
+    assert r.status_code == 400 and "timeout" in r.json()["detail"]
+
+
 def test_files_round_trip_and_paths_out_of_the_root_are_refused(sb, shared_env):
     assert sb.files.write("data/a.bin", b"\x00\x01bytes") == 7
     assert sb.files.read("/sandbox/data/a.bin") == b"\x00\x01bytes"

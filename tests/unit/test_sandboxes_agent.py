@@ -126,6 +126,40 @@ def test_a_missing_program_exits_127_with_its_error_on_stderr(agent):
     assert agent["host"].inflight == 0
 
 
+def test_an_exec_past_its_timeout_is_killed_with_what_it_started_and_exits_124(agent, tmp_path):
+    pidfile = tmp_path / "child.pid"
+    with connect(agent) as s:  # a shell that starts a child of its own, then both wait for ever
+        wire.send_frame(s, {"kind": "exec", "argv": ["sh", "-c", f"sleep 300 & echo $! > {pidfile}; echo up; wait"],
+                            "root": agent["root"], "timeout": 1})
+        frames = []
+        while not frames or frames[-1][0]["kind"] != "exit":
+            frames.append(wire.read_frame(s))
+    exit_frame = frames[-1][0]
+    assert exit_frame["code"] == 124 and exit_frame["timed_out"] is True
+    assert b"up" in b"".join(d for f, d in frames if f["kind"] == "stream" and f["fd"] == 1)
+    assert b"ran past its timeout of 1 s" in b"".join(d for f, d in frames if f["kind"] == "stream" and f["fd"] == 2)
+    child = int(pidfile.read_text())
+    deadline = time.monotonic() + 10  # SIGKILL is delivered at once; the zombie is reaped by its parent's end
+    while _alive(child) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(child)
+    assert run(agent, "true")[0] == 0  # an exec without a timeout is not affected
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ")[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.parametrize("timeout", [0, -1, "1", True, 86_401])
+def test_a_bad_exec_timeout_is_refused_with_400(agent, timeout):
+    refused, _ = ask(agent, {"kind": "exec", "argv": ["true"], "timeout": timeout})
+    assert refused["kind"] == "error" and refused["status"] == 400 and "timeout" in refused["error"]
+
+
 def test_files_round_trip_list_and_remove(agent):
     assert ask(agent, {"kind": "file-write", "path": "d/a.txt"}, b"\x00bytes\xff")[0] == {"kind": "ok", "size": 7}
     header, data = ask(agent, {"kind": "file-read", "path": agent["root"] + "/d/a.txt"})

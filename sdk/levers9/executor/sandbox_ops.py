@@ -24,6 +24,7 @@ from __future__ import annotations
 import itertools
 import os
 import shutil
+import signal
 import socket
 import stat
 import subprocess
@@ -32,8 +33,10 @@ from typing import Any, Protocol
 
 from levers9.executor import wire
 from levers9.executor.sandbox_rules import (
+    TIMED_OUT_CODE,
     Refused,
     check_argv,
+    check_exec_timeout,
     check_size,
     confine,
     exit_code,
@@ -142,6 +145,7 @@ def os_refusal(exc: OSError, path: str) -> dict[str, Any]:
 
 def run_exec(out: Sender, header: dict[str, Any], execs: Execs) -> None:
     argv = check_argv(header.get("argv"))
+    timeout = check_exec_timeout(header.get("timeout"))
     env = {**os.environ, "PYTHONUNBUFFERED": "1", **{str(k): str(v) for k, v in (header.get("env") or {}).items()}}
     workdir = str(header.get("workdir") or header.get("root") or DEFAULT_ROOT)
     os.makedirs(workdir, exist_ok=True)
@@ -160,11 +164,27 @@ def run_exec(out: Sender, header: dict[str, Any], execs: Execs) -> None:
              for fd, pipe in ((1, proc.stdout), (2, proc.stderr))]
     for t in pumps:
         t.start()
-    code = exit_code(proc.wait())
+    timed_out = False
+    try:
+        code = exit_code(proc.wait(timeout))
+    except subprocess.TimeoutExpired:  # the program and whatever it started (its own session)
+        timed_out, code = True, TIMED_OUT_CODE
+        _kill_session(proc)
     for t in pumps:
         t.join(PIPE_GRACE_S)
     execs.drop(exec_id, code)
-    out.send({"kind": "exit", "code": code})
+    if timed_out:
+        out.send({"kind": "stream", "fd": 2}, f"levers9: {argv[0]} ran past its timeout of {timeout:g} s and was "
+                                                "killed\n".encode())
+    out.send({"kind": "exit", "code": code, **({"timed_out": True} if timed_out else {})})
+
+
+def _kill_session(proc: subprocess.Popen[bytes]) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
 
 
 def pump(pipe: Any, fd: int, out: Sender) -> None:

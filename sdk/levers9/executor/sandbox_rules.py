@@ -19,6 +19,8 @@ MAX_FILE_BYTES = 32 << 20  # a file written or read through the files API (413 a
 MAX_PATH_CHARS = 4096
 NOT_FOUND_CODE = 127  # the shell's: "command not found"
 NOT_EXECUTABLE_CODE = 126  # the shell's: found but cannot be executed
+TIMED_OUT_CODE = 124  # timeout(1)'s: the exec ran past its timeout and was killed
+MAX_EXEC_TIMEOUT_S = 86_400.0
 
 
 class Refused(ValueError):
@@ -88,6 +90,16 @@ def check_argv(argv: object) -> list[str]:
     if not argv[0] or any("\x00" in a for a in argv):
         raise Refused(400, "exec: the program is empty or an argument holds a NUL byte")
     return argv
+
+
+def check_exec_timeout(value: object) -> float | None:
+    """An exec's timeout: absent (None: it runs as long as the sandbox), or seconds in (0, 86400];
+    Refused(400) otherwise."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= MAX_EXEC_TIMEOUT_S:
+        raise Refused(400, f"exec: timeout must be a number of seconds above 0 and at most {MAX_EXEC_TIMEOUT_S:.0f}")
+    return float(value)
 
 
 def signal_name(code: int) -> str:
