@@ -17,6 +17,7 @@ import os
 import shutil
 import time
 import uuid
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +48,7 @@ class RuncCheckpoints:
         self.restore_timeout = 60.0  # seconds runc restore may take before it counts as failed
         self.criu_log_limit = CRIU_LOG_LIMIT
         self._base_id: str | None = None
+        self._reading: Counter[str] = Counter()  # unpacked checkpoints restores read now (never evicted)
 
     # -- CRIU on or off --
 
@@ -181,8 +183,17 @@ class RuncCheckpoints:
 
     async def _restore_into(self, rec: Record, cdir: Path, spec: ContainerSpec, tar: Path,
                             criu: CriuInfo) -> None:
+        name = unpacked_name(tar)
+        self._reading[name] += 1  # its upper layer is copied and CRIU reads its images in place
+        try:
+            await self._restore_from(rec, cdir, spec, await self._unpacked(tar), criu)
+        finally:
+            self._reading -= Counter({name: 1})
+
+    async def _restore_from(self, rec: Record, cdir: Path, spec: ContainerSpec, unpacked: tuple[Path, dict],
+                            criu: CriuInfo) -> None:
         cid = rec.container_id
-        template, manifest = await self._unpacked(tar)
+        template, manifest = unpacked
         await self._check_root(manifest, spec)
         if manifest.get("hardening", 0) < HARDENING:  # its processes would come back without seccomp
             raise ckpt.RestoreError("the checkpoint was dumped from a container without this worker's seccomp "
@@ -253,11 +264,11 @@ class RuncCheckpoints:
                     pass
             finally:
                 await remove_tree(staging)
-            for old in sorted((d for d in root.iterdir() if not d.name.startswith(".")),
-                              key=lambda d: d.stat().st_mtime, reverse=True)[KEEP_UNPACKED:]:
-                await remove_tree(old)
         os.utime(final)
-        return final, json.loads((final / "manifest.json").read_text())
+        manifest = json.loads((final / "manifest.json").read_text())
+        for old in evictable(_ages(root), KEEP_UNPACKED, {final.name, *self._reading}):
+            await remove_tree(root / old)  # on a thread: another restore may list the folder meanwhile
+        return final, manifest
 
     async def _runc_restore(self, cid: str, cdir: Path, images: Path, criu: CriuInfo) -> None:
         work = cdir / "restore-work"
@@ -307,6 +318,26 @@ def restore_bundle(restored: ContainerSpec, cdir: Path, netns: Path, manifest: d
     config = bundle_spec(restored, cdir / "rootfs", netns, criu_config=cdir / CRIU_CONF)
     config["hostname"] = manifest["hostname"]
     return config
+
+
+def evictable(ages: dict[str, float], keep: int, busy: set[str]) -> list[str]:
+    """The unpacked checkpoints to remove: all but the `keep` newest (by mtime), never a busy one (a
+    restore reads it now, or it is the one just asked for)."""
+    newest_first = sorted(ages, key=lambda name: ages[name], reverse=True)
+    return [name for name in newest_first[keep:] if name not in busy]
+
+
+def _ages(root: Path) -> dict[str, float]:
+    """mtime of each unpacked checkpoint in `root` (a half-made one, dot-named, is not one; one that
+    another eviction removes while this reads is left out)."""
+    ages: dict[str, float] = {}
+    for entry in os.scandir(root):
+        if not entry.name.startswith("."):
+            try:
+                ages[entry.name] = entry.stat().st_mtime
+            except FileNotFoundError:
+                pass
+    return ages
 
 
 def unpacked_name(tar: Path) -> str:
