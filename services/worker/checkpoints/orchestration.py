@@ -322,9 +322,11 @@ class Checkpoints:
                 await w.bus.append(env, expected)
                 return checkpoint_id
             except ConcurrencyConflict:
-                # automatic: another worker claimed it first. One asked for is of this container and
-                # excludes nobody: the deployment's log moved on (the last dump's own events, which
-                # this worker's projection may not have read yet), so claim again after it
+                if not manual:
+                    return None  # another worker claimed it first
+                # one asked for is of this container and excludes nobody: the deployment's log moved
+                # on (the last dump's own events, which this worker's projection may not have read
+                # yet), so claim again after it
                 expected = await w.bus.last_seq(w.bus.aggregate_filter(env))
         if manual:
             await w.emit(c, E.CheckpointFailed(checkpoint_id=checkpoint_id, stage="dump", deployment_id=c.deployment_id,
