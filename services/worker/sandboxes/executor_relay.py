@@ -21,6 +21,7 @@ sandbox only, and none after the worker restarts.
 from __future__ import annotations
 
 import asyncio
+import compileall
 import contextlib
 import hashlib
 import hmac
@@ -186,6 +187,7 @@ def vendor_dir(home: Path) -> Path:
         shutil.copytree(Path(cloudpickle.__file__).parent, tmp / "cloudpickle",
                         ignore=shutil.ignore_patterns("__pycache__"))
         tmp.chmod(0o755)
+        compileall.compile_dir(tmp, quiet=2, workers=1)  # the mount is read-only: see sdk_mount.precompiled
         try:
             tmp.rename(target)
         except OSError:  # another worker of this machine made it first
