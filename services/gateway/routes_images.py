@@ -131,6 +131,7 @@ async def image_events(image: str, caller: User, gw: Gateway, follow: bool = Fal
 async def event_lines(gw: GatewayState, subject: str, follow: bool) -> AsyncIterator[bytes]:
     sub = await gw.bus.js.subscribe(subject, ordered_consumer=True, deliver_policy=DeliverPolicy.ALL,
                                     inactive_threshold=60.0)
+    over = False
     try:
         while True:
             try:
@@ -140,12 +141,22 @@ async def event_lines(gw: GatewayState, subject: str, follow: bool) -> AsyncIter
                     continue  # nothing new yet: the build is still going
                 return
             yield msg.data.rstrip(b"\n") + b"\n"
-            caught_up = msg.metadata.num_pending == 0
-            if caught_up and (not follow or msg.subject.rsplit(".", 1)[-1] in ENDS):
+            over = build_over(over, msg.subject.rsplit(".", 1)[-1])
+            if msg.metadata.num_pending == 0 and (not follow or over):
                 return
     finally:
         await sub.unsubscribe()
 
+
+
+def build_over(over: bool, kind: str) -> bool:
+    """Whether the image's build is over after an event of `kind`, given whether it was before: an
+    end (built, failed, deleted) ends it, a new request starts another, anything else changes nothing.
+    A progress line that lands after the end (a lagging builder's) must not keep a follower waiting
+    for an end that already came (CI loaded run: the stream's last event was such a line)."""
+    if kind in ENDS:
+        return True
+    return False if kind == "ImageBuildRequested" else over
 
 @router.delete("/api/v1/images/{image}")
 async def delete_image(image: str, caller: User, gw: Gateway) -> dict[str, Any]:

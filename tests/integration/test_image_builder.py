@@ -272,6 +272,7 @@ async def test_the_gateways_event_stream_follows_a_build_until_it_ends(builder_s
     assert not task.done()  # an old failure followed by a new request is not the end
     await svc.bus.publish(envelope(E.ImageBuilt(image_id=image, digest="sha256:0", location="s3://b/k"),
                                    workspace=ws))
-    got = await asyncio.wait_for(task, 10)  # the running image-builder may have said it waits, in between
-    assert got[:2] == ["ImageBuildFailed", "ImageBuildRequested"] and got[-1] == "ImageBuilt"
-    assert set(got[2:-1]) <= {"ImageBuildProgress"}
+    # the running image-builder may say it waits, before the end or (on a loaded machine) after it
+    got = await asyncio.wait_for(task, 10)
+    assert got[:2] == ["ImageBuildFailed", "ImageBuildRequested"] and "ImageBuilt" in got
+    assert set(got[2:]) - {"ImageBuilt"} <= {"ImageBuildProgress"}

@@ -131,3 +131,23 @@ async def test_deploy_needs_the_image_built_and_names_it(images_gw, monkeypatch)
     assert isinstance(ev, E.DeploymentCreated) and ev.spec.image_ref is not None
     assert (ev.spec.image_ref.image_id, ev.spec.image_ref.digest) == (IMAGE, "sha256:d")
     assert ev.spec.image_ref.archive is not None and ev.spec.image_ref.archive.index_key == "images/indexes/i"
+
+
+def test_a_build_is_over_at_its_end_whatever_progress_comes_after_and_until_it_is_requested_again():
+    from hypothesis import given
+    from hypothesis import strategies as st
+
+    from levers9.gateway.routes_images import ENDS, build_over
+
+    kinds = st.sampled_from([*ENDS, "ImageBuildRequested", "ImageBuildProgress", "ImageBuildStarted"])
+
+    @given(st.lists(kinds))
+    def check(seq):
+        over = False
+        for kind in seq:
+            over = build_over(over, kind)
+        marks = [i for i, k in enumerate(seq) if k in ENDS or k == "ImageBuildRequested"]
+        assert over == bool(marks and seq[marks[-1]] in ENDS)
+
+    check()
+    assert build_over(build_over(False, "ImageBuilt"), "ImageBuildProgress")  # CI: a late progress line
