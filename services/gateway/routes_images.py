@@ -148,7 +148,6 @@ async def event_lines(gw: GatewayState, subject: str, follow: bool) -> AsyncIter
         await sub.unsubscribe()
 
 
-
 def build_over(over: bool, kind: str) -> bool:
     """Whether the image's build is over after an event of `kind`, given whether it was before: an
     end (built, failed, deleted) ends it, a new request starts another, anything else changes nothing.
@@ -157,6 +156,7 @@ def build_over(over: bool, kind: str) -> bool:
     if kind in ENDS:
         return True
     return False if kind == "ImageBuildRequested" else over
+
 
 @router.delete("/api/v1/images/{image}")
 async def delete_image(image: str, caller: User, gw: Gateway) -> dict[str, Any]:

@@ -54,8 +54,8 @@ def sdk_mount(home: Path) -> Path:
 def precompiled(folder: Path) -> Path:
     """`folder`, with a `__pycache__/*.cpython-3XY.pyc` of this interpreter's version beside each of its
     modules (those already up to date are left as they are). Without them a sandbox's runner compiled
-    about 60 modules at each start, under its container's CPU quota: importing it took 390 ms of a
-    sandbox's 600 ms start at 0.5 CPU (bench_sandboxes). A container whose Python is another version
+    about 60 modules at each start (bench_sandboxes: create + first output p50 584 ms without, 522-564
+    ms with). A container whose Python is another version
     compiles in memory as before: the files are named per version and its own are never there."""
     compileall.compile_dir(folder, quiet=2, workers=1)  # nothing printed; a file it cannot write stays uncompiled
     return folder

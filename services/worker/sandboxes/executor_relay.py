@@ -21,7 +21,6 @@ sandbox only, and none after the worker restarts.
 from __future__ import annotations
 
 import asyncio
-import compileall
 import contextlib
 import hashlib
 import hmac
@@ -36,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from levers9.executor import wire
+from levers9.worker.lifecycle.sdk_mount import precompiled
 
 log = logging.getLogger("levers9.worker.sandboxes.executor_relay")
 
@@ -187,7 +187,7 @@ def vendor_dir(home: Path) -> Path:
         shutil.copytree(Path(cloudpickle.__file__).parent, tmp / "cloudpickle",
                         ignore=shutil.ignore_patterns("__pycache__"))
         tmp.chmod(0o755)
-        compileall.compile_dir(tmp, quiet=2, workers=1)  # the mount is read-only: see sdk_mount.precompiled
+        precompiled(tmp)  # the mount is read-only: Python could write no bytecode there
         try:
             tmp.rename(target)
         except OSError:  # another worker of this machine made it first
