@@ -69,14 +69,22 @@ class Upstream:
                           headers: dict[str, str] | None = None, timeout: httpx.Timeout | None = None,
                           content: AsyncIterator[bytes] | None = None) -> httpx.Response:
         """A response whose body is read as it comes (the caller closes it); `content`, a body sent
-        as it comes. `path` may carry its query (percent-encoding kept as written)."""
-        req = self.http.build_request(method, f"{self.base_url}{path}", params=params, content=content,
-                                      headers={**self.auth(token), **(headers or {})},
-                                      timeout=timeout or httpx.Timeout(30.0, connect=5.0, read=None))
-        try:
-            return await self.http.send(req, stream=True)
-        except httpx.HTTPError as exc:
-            raise GatewayDown(f"the gateway at {self.base_url} does not answer: {type(exc).__name__}: {exc}") from exc
+        as it comes. `path` may carry its query (percent-encoding kept as written). A GET or HEAD
+        without a body that meets a kept connection the gateway had just closed is sent once more, as
+        `request` does (a notebook page's stylesheet failed to load for it: JupyterLab's error dialog)."""
+        tries = 2 if method in IDEMPOTENT and content is None else 1
+        for attempt in range(tries):
+            req = self.http.build_request(method, f"{self.base_url}{path}", params=params, content=content,
+                                          headers={**self.auth(token), **(headers or {})},
+                                          timeout=timeout or httpx.Timeout(30.0, connect=5.0, read=None))
+            try:
+                return await self.http.send(req, stream=True)
+            except httpx.HTTPError as exc:
+                if isinstance(exc, STALE_CONNECTION) and attempt + 1 < tries:
+                    continue
+                raise GatewayDown(f"the gateway at {self.base_url} does not answer: {type(exc).__name__}: "
+                                  f"{exc}") from exc
+        raise AssertionError("unreachable")
 
     async def whoami(self, token: str) -> dict[str, Any] | None:
         """{"workspace", "token_id", "scope"} for a token the gateway accepts, None for one it refuses."""

@@ -9,6 +9,7 @@ caller may send the call elsewhere; one that took the call and gave no answer ra
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from typing import Any, AsyncIterator, Callable
 
@@ -36,6 +37,36 @@ class Unreached(Exception):
 class NotAnswered(Exception):
     """The call was sent but no answer came (the connection broke, the call's timeout passed): it may
     have run, so it is not sent again; the caller answers 502 with this sentence."""
+
+
+class Cut(NotAnswered):
+    """The call was cut before its answer: its container ended (`ended`: "failed: out of memory"), or
+    its connection broke while the container was stopping (`ended` ""). Whether it may go elsewhere
+    is the caller's to say (routes_invoke.resend_cut)."""
+
+    def __init__(self, message: str, ended: str) -> None:
+        super().__init__(message)
+        self.ended = ended
+
+
+@contextlib.asynccontextmanager
+async def cut_if_ended(slot: Slot) -> AsyncIterator[None]:
+    """Run the block unless `slot`'s container ends first (Slot.end cancels this task): Cut then.
+    As asyncio.timeout does, a cancellation from elsewhere (the caller hung up) still comes out."""
+    if slot.ended:
+        raise Cut(f"the container {slot.container_id} ended before it answered ({slot.ended})", slot.ended)
+    task = asyncio.current_task()
+    assert task is not None
+    slot.watchers[task] = False
+    try:
+        yield
+    except asyncio.CancelledError:
+        if slot.watchers.pop(task, False) and task.uncancel() == 0:
+            raise Cut(f"the container {slot.container_id} ended before it answered ({slot.ended})",
+                      slot.ended) from None
+        raise
+    finally:
+        slot.watchers.pop(task, None)
 
 
 NOT_DELIVERED = (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError)
@@ -94,12 +125,19 @@ async def forward(session: aiohttp.ClientSession, request: Request, address: str
     (monotonic), makes the Server-Timing value added to the container's own (server_timing.py)."""
     try:
         body = await request_body(request, limit)
-        resp, fresh = await send(session, request.method, target_url(address, subpath, request.url.query),
-                                 forward_headers(request.headers), body,
-                                 aiohttp.ClientTimeout(total=timeout, sock_connect=CONNECT_S))
+        async with cut_if_ended(slot):
+            resp, fresh = await send(session, request.method, target_url(address, subpath, request.url.query),
+                                     forward_headers(request.headers), body,
+                                     aiohttp.ClientTimeout(total=timeout, sock_connect=CONNECT_S))
     except NOT_DELIVERED as exc:
         await router.release(slot)
         raise Unreached(f"the container did not answer: {type(exc).__name__}: {exc}") from exc
+    except RESET as exc:
+        await router.release(slot)
+        if slot.status != "ready":  # cut by its stop (a notebook's dump), not by what the call did
+            raise Cut(f"the container {slot.container_id} was stopping and closed the call's connection "
+                      f"before answering: {type(exc).__name__}: {exc}", slot.ended) from exc
+        raise NotAnswered(f"the container did not answer: {type(exc).__name__}: {exc}") from exc
     except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
         await router.release(slot)
         raise NotAnswered(f"the container did not answer: {type(exc).__name__}: {exc}") from exc
@@ -122,9 +160,23 @@ async def forward(session: aiohttp.ClientSession, request: Request, address: str
         out_headers["Server-Timing"] = ", ".join([*own, timing(head)])
     if resp.content_length is not None and resp.content_length <= WHOLE_ANSWER_BYTES:
         try:
-            data = await resp.read()
+            async with cut_if_ended(slot):
+                data = await resp.read()
         finally:
             await done()
         return Response(data, status_code=resp.status, headers=out_headers)
-    return StreamingResponse(resp.content.iter_chunked(CHUNK), status_code=resp.status, headers=out_headers,
+    return StreamingResponse(chunks(resp, slot), status_code=resp.status, headers=out_headers,
                              background=BackgroundTask(done))
+
+
+async def chunks(resp: aiohttp.ClientResponse, slot: Slot) -> AsyncIterator[bytes]:
+    """The answer's body as it comes, cut (the answer to the caller broken off) when its container
+    ends: each read is watched on its own, in the task that streams the answer."""
+    parts = resp.content.iter_chunked(CHUNK)
+    while True:
+        async with cut_if_ended(slot):
+            try:
+                chunk = await parts.__anext__()
+            except StopAsyncIteration:
+                return
+        yield chunk

@@ -24,6 +24,7 @@ from typing import Awaitable, Callable
 from levers9.contracts.autoscaling import starts_for_waiting
 
 LIVE = {"requested", "pending", "scheduled", "starting", "ready"}
+ENDED = ("stopped", "failed")  # levers9.runtime.views.ENDED: its process is gone
 
 
 class NoCapacity(Exception):
@@ -47,9 +48,23 @@ class Slot:
     restored: bool = False  # its process came from a checkpoint (Server-Timing says "restored")
     seen: dict[str, float] = field(default_factory=dict)  # status -> when this gateway first heard it (monotonic)
     last_used: float = 0.0  # unix time its last call here ended: the autoscaler's idle clock (load_report.py)
+    ended: str = ""  # "failed: REASON" or "stopped: REASON" once its container is gone (calls to it are cut)
+    # the tasks waiting on this container now (proxy.cut_if_ended): True once `end` has cancelled one
+    watchers: dict[asyncio.Task, bool] = field(default_factory=dict)
 
     def saw(self, status: str) -> None:
         self.seen.setdefault(status, time.monotonic())
+
+    def end(self, status: str, reason: str) -> None:
+        """Its container is gone: the calls still waiting on it are cut at once. A process killed
+        without its connections closing (out of memory, with its network torn down) would hold them
+        for their whole timeout, and a call held so is one the autoscaler counts with no container."""
+        if self.ended:
+            return
+        self.ended = f"{status}: {reason or 'no reason given'}"
+        for task in self.watchers:
+            self.watchers[task] = True
+            task.cancel()
 
 
 @dataclass
@@ -66,6 +81,8 @@ class DeploymentRouter:
     changed: asyncio.Condition = field(default_factory=asyncio.Condition)
     pending: int = 0  # requests sent whose container is not registered yet: they count as starting ones
     heard: set[str] | None = None  # while its containers load from the database: those events told of first
+    # containers no longer routed to (stopping, unreachable) that calls still wait on: ended when theirs does
+    leaving: dict[str, Slot] = field(default_factory=dict)
 
     def live(self) -> list[Slot]:
         return [s for s in self.containers.values() if s.status in LIVE]
@@ -117,10 +134,14 @@ class DeploymentRouter:
         async with self.changed:
             if self.heard is not None:
                 self.heard.add(container_id)
+            if status in ENDED and container_id in self.leaving:
+                self.leaving.pop(container_id).end(status, reason)
             slot = self.containers.get(container_id)
             if slot is None or (slot.status == "ready" and status in LIVE and status != "ready"):
                 # new, or re-requested (its worker was lost: it starts again elsewhere, at a new address):
                 # calls still in flight to the old address keep the old slot, and take none of the new one's
+                if slot is not None:
+                    slot.end("lost", "it is started again elsewhere")
                 slot = self.containers[container_id] = Slot(container_id, status)
             slot.status = status
             slot.saw(status)
@@ -132,7 +153,16 @@ class DeploymentRouter:
                 self.failures += 1
             if status not in LIVE:
                 self.containers.pop(container_id, None)
+                self.leave(slot, status, reason)
             self.changed.notify_all()
+
+    def leave(self, slot: Slot, status: str, reason: str) -> None:
+        """`slot` is routed to no more: ended now, or (stopping, unreachable) watched for its end while
+        calls still wait on it (a stopping container finishes the calls it has)."""
+        if status in ENDED:
+            slot.end(status, reason)
+        elif slot.inflight > 0:
+            self.leaving[slot.container_id] = slot
 
     async def acquire(self, timeout: float, request_container: Callable[[], Awaitable[str]]) -> Slot:
         """A slot on a ready container: at once when one has room, else after waiting in the queue
@@ -197,4 +227,6 @@ class DeploymentRouter:
         async with self.changed:
             slot.inflight -= 1
             slot.last_used = time.time()
+            if slot.inflight <= 0 and self.leaving.get(slot.container_id) is slot:
+                del self.leaving[slot.container_id]
             self.changed.notify(1)

@@ -186,6 +186,14 @@ def not_acquired(exc: Exception, name: str, correlation: str) -> JSONResponse:
 
 
 NOT_ACQUIRED = (QueueFull, NoCapacity, StartFailed)
+SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+
+
+def resend_cut(method: str, replayable: bool, ended: str) -> bool:
+    """Whether a call cut before its answer (proxy.Cut) goes to another container: a safe method's,
+    sent again as a browser or nginx would, unless its container failed (the call may be what killed
+    it: a second container would die of it too). A POST may have run: its 502 says so instead."""
+    return replayable and method in SAFE_METHODS and not ended.startswith("failed")
 
 
 async def deliver(gw: GatewayState, request: Request, caller: Caller, dep: Deployment, subpath: str,
@@ -223,6 +231,9 @@ async def deliver(gw: GatewayState, request: Request, caller: Caller, dep: Deplo
             continue
         except proxy.NotAnswered as exc:
             log.warning("container %s at %s: %s", slot.container_id, slot.address, exc)
+            if isinstance(exc, proxy.Cut) and attempt < STOPPING_RETRIES and resend_cut(request.method, replayable,
+                                                                                         exc.ended):
+                continue
             return JSONResponse({"detail": str(exc), "correlation_id": correlation}, status_code=502)
         if response.status_code != 503 or STOPPING_HEADER.lower() not in response.headers:
             break

@@ -23,7 +23,7 @@ from starlette.websockets import WebSocket
 from levers9.contracts import uuid7
 from levers9.runtime import telemetry
 from levers9.runtime.ws_relay import Limits, relay
-from levers9.runtime.ws_rules import forwarded_headers, handshake_refusal, kind_refusal, subprotocols
+from levers9.runtime.ws_rules import forwarded_headers, handshake_refusal, kind_refusal, short_reason, subprotocols
 
 from . import proxy
 from .callers import Caller
@@ -110,6 +110,14 @@ async def connect(gw: GatewayState, websocket: WebSocket, router_: DeploymentRou
     return failure
 
 
+async def close_cut(websocket: WebSocket, cut: proxy.Cut) -> None:
+    """Tell the client its connection's container ended (1011, with why); it may have gone already."""
+    try:
+        await websocket.close(code=1011, reason=short_reason(str(cut)))
+    except Exception:  # noqa: BLE001 - a client already gone needs no close
+        log.debug("the client of a cut WebSocket was gone", exc_info=True)
+
+
 async def serve(gw: GatewayState, websocket: WebSocket, caller: Caller, dep: Deployment, subpath: str,
                 name: str) -> None:
     """Connect the client's WebSocket to a container of `dep` and relay it until either side ends."""
@@ -130,7 +138,13 @@ async def serve(gw: GatewayState, websocket: WebSocket, caller: Caller, dep: Dep
         await websocket.accept(subprotocol=upstream.protocol,
                                headers=[(proxy.CONTAINER_HEADER.encode(), slot.container_id.encode())])
         meter(gw, dep, 101, began, None)
-        ending = await relay(websocket, upstream, limits(gw))
+        try:
+            async with proxy.cut_if_ended(slot):  # a container gone with its connection left open
+                ending = await relay(websocket, upstream, limits(gw))
+        except proxy.Cut as exc:
+            log.warning("WebSocket to %s: %s", name, exc)
+            await close_cut(websocket, exc)
+            return
         log.info("WebSocket to %s (container %s) ended: %s %s", name, slot.container_id, ending.by, ending.code)
     finally:
         if not upstream.closed:

@@ -43,3 +43,16 @@ def test_a_post_is_never_sent_twice_and_a_dead_gateway_is_named():
     with pytest.raises(GatewayDown):
         asyncio.run(up.get("t", "/api/v1/tasks"))
     assert seen == ["GET", "GET"]
+
+
+def test_a_streamed_get_is_sent_again_on_a_stale_connection_and_a_streamed_body_never():
+    up, seen = upstream([httpx.RemoteProtocolError("closed")])
+    answer = asyncio.run(up.open_stream("GET", "t", "/box/lab/nb/lab/static/theme.css"))
+    assert answer.status_code == 200 and seen == ["GET", "GET"]
+
+    async def body():
+        yield b"x"
+    up, seen = upstream([httpx.ReadError("reset")])
+    with pytest.raises(GatewayDown):
+        asyncio.run(up.open_stream("PUT", "t", "/box/lab/nb/lab/api/contents/a", content=body()))
+    assert seen == ["PUT"]
