@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from typing import Any, AsyncIterator, Callable
+from typing import Any, AsyncIterator, Awaitable, Callable
 
 import aiohttp
 import yarl
@@ -145,7 +145,13 @@ async def forward(session: aiohttp.ClientSession, request: Request, address: str
         await router.release(slot)
         raise
 
-    async def done() -> None:
+    released = False
+
+    async def done() -> None:  # once, by whichever ends first: the answer's stream or its background
+        nonlocal released
+        if released:
+            return
+        released = True
         resp.release()
         if fresh is not None:
             await fresh.close()
@@ -165,18 +171,24 @@ async def forward(session: aiohttp.ClientSession, request: Request, address: str
         finally:
             await done()
         return Response(data, status_code=resp.status, headers=out_headers)
-    return StreamingResponse(chunks(resp, slot), status_code=resp.status, headers=out_headers,
+    return StreamingResponse(chunks(resp, slot, done), status_code=resp.status, headers=out_headers,
                              background=BackgroundTask(done))
 
 
-async def chunks(resp: aiohttp.ClientResponse, slot: Slot) -> AsyncIterator[bytes]:
+async def chunks(resp: aiohttp.ClientResponse, slot: Slot, done: Callable[[], Awaitable[None]]
+                 ) -> AsyncIterator[bytes]:
     """The answer's body as it comes, cut (the answer to the caller broken off) when its container
-    ends: each read is watched on its own, in the task that streams the answer."""
+    ends: each read is watched on its own, in the task that streams the answer. `done` runs when the
+    stream ends however it ends: Starlette runs a response's background only after a whole answer, so
+    a stream that failed (or a caller gone, on ASGI 2.4) would have kept its slot for good."""
     parts = resp.content.iter_chunked(CHUNK)
-    while True:
-        async with cut_if_ended(slot):
-            try:
-                chunk = await parts.__anext__()
-            except StopAsyncIteration:
-                return
-        yield chunk
+    try:
+        while True:
+            async with cut_if_ended(slot):
+                try:
+                    chunk = await parts.__anext__()
+                except StopAsyncIteration:
+                    return
+            yield chunk
+    finally:
+        await done()
