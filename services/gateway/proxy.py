@@ -19,7 +19,7 @@ from fastapi import HTTPException, Request
 from fastapi.responses import Response, StreamingResponse
 from starlette.background import BackgroundTask
 
-from .router import DeploymentRouter, Slot
+from .router import DeploymentRouter, Slot, Watch
 
 HOP_BY_HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailers",
               "transfer-encoding", "upgrade", "host", "authorization", "content-length"}
@@ -51,22 +51,25 @@ class Cut(NotAnswered):
 
 @contextlib.asynccontextmanager
 async def cut_if_ended(slot: Slot) -> AsyncIterator[None]:
-    """Run the block unless `slot`'s container ends first (Slot.end cancels this task): Cut then.
-    As asyncio.timeout does, a cancellation from elsewhere (the caller hung up) still comes out."""
-    if slot.ended:
-        raise Cut(f"the container {slot.container_id} ended before it answered ({slot.ended})", slot.ended)
+    """Run the block, unless it still waits CUT_GRACE_S after `slot`'s container ended (router.Watch
+    cancels this task then): Cut. As asyncio.timeout does, a cancellation from elsewhere (the caller
+    hung up) still comes out as one."""
     task = asyncio.current_task()
     assert task is not None
-    slot.watchers[task] = False
+    watch = Watch(task)
+    slot.watches.add(watch)
+    if slot.ended:
+        watch.arm()
     try:
         yield
     except asyncio.CancelledError:
-        if slot.watchers.pop(task, False) and task.uncancel() == 0:
+        if watch.cut and task.uncancel() == 0:
             raise Cut(f"the container {slot.container_id} ended before it answered ({slot.ended})",
                       slot.ended) from None
         raise
     finally:
-        slot.watchers.pop(task, None)
+        slot.watches.discard(watch)
+        watch.disarm()
 
 
 NOT_DELIVERED = (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError)

@@ -49,22 +49,44 @@ class Slot:
     seen: dict[str, float] = field(default_factory=dict)  # status -> when this gateway first heard it (monotonic)
     last_used: float = 0.0  # unix time its last call here ended: the autoscaler's idle clock (load_report.py)
     ended: str = ""  # "failed: REASON" or "stopped: REASON" once its container is gone (calls to it are cut)
-    # the tasks waiting on this container now (proxy.cut_if_ended): True once `end` has cancelled one
-    watchers: dict[asyncio.Task, bool] = field(default_factory=dict)
+    watches: set[Watch] = field(default_factory=set)  # the waits on this container now (proxy.cut_if_ended)
 
     def saw(self, status: str) -> None:
         self.seen.setdefault(status, time.monotonic())
 
     def end(self, status: str, reason: str) -> None:
-        """Its container is gone: the calls still waiting on it are cut at once. A process killed
-        without its connections closing (out of memory, with its network torn down) would hold them
-        for their whole timeout, and a call held so is one the autoscaler counts with no container."""
+        """Its container is gone: each wait on it still under way is cut CUT_GRACE_S from now. A process
+        killed without its connections closing (out of memory, with its network torn down) held its
+        calls for their whole timeout, and a call held so is one the autoscaler counts with no container."""
         if self.ended:
             return
         self.ended = f"{status}: {reason or 'no reason given'}"
-        for task in self.watchers:
-            self.watchers[task] = True
-            task.cancel()
+        for watch in self.watches:
+            watch.arm()
+
+
+CUT_GRACE_S = 2.0  # what a container sent before it ended is still read: a wait is cut only this long after
+
+
+@dataclass(eq=False)
+class Watch:
+    """One wait (an answer's head, a part of its body) on a container: cut (its task cancelled) once it
+    has lasted CUT_GRACE_S past the container's end; a wait over by then is never touched."""
+    task: asyncio.Task
+    cut: bool = False
+    timer: asyncio.TimerHandle | None = None
+
+    def arm(self) -> None:
+        if self.timer is None:
+            self.timer = asyncio.get_running_loop().call_later(CUT_GRACE_S, self.fire)
+
+    def fire(self) -> None:
+        self.cut = True
+        self.task.cancel()
+
+    def disarm(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
 
 
 @dataclass

@@ -19,12 +19,18 @@ from hypothesis import given
 from hypothesis import strategies as st
 from starlette.requests import Request
 
-from levers9.gateway import proxy
+from levers9.gateway import proxy, router
 from levers9.gateway.router import DeploymentRouter
 from levers9.gateway.routes_invoke import resend_cut
 
 CALL_TIMEOUT_S = 120.0  # the call's own timeout: a cut must come long before it
 CUT_WITHIN_S = 10.0
+GRACE_S = 0.3
+
+
+@pytest.fixture(autouse=True)
+def short_grace(monkeypatch):
+    monkeypatch.setattr(router, "CUT_GRACE_S", GRACE_S)
 
 
 async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -93,13 +99,13 @@ async def test_a_call_to_a_container_killed_out_of_memory_is_cut_with_its_reason
     slot = await r.acquire(5, never_requested)
     async with server, aiohttp.ClientSession() as session:
         call = asyncio.create_task(proxy.forward(session, request(), address, "", CALL_TIMEOUT_S, 1 << 20, r, slot))
-        await until(lambda: slot.watchers)  # the call is sent and waits for its answer
+        await until(lambda: slot.watches)  # the call is sent and waits for its answer
         await r.update("c1", "failed", reason="out of memory (the kernel's OOM killer ended it)")
         async with asyncio.timeout(CUT_WITHIN_S):
             with pytest.raises(proxy.Cut, match="out of memory") as cut:
                 await call
     assert cut.value.ended.startswith("failed") and not resend_cut("POST", True, cut.value.ended)
-    assert slot.inflight == 0 and not slot.watchers and not r.leaving
+    assert slot.inflight == 0 and not slot.watches and not r.leaving
 
 
 async def test_a_call_to_a_stopping_container_is_cut_when_it_stops_and_a_get_goes_elsewhere():
@@ -109,7 +115,7 @@ async def test_a_call_to_a_stopping_container_is_cut_when_it_stops_and_a_get_goe
     async with server, aiohttp.ClientSession() as session:
         call = asyncio.create_task(proxy.forward(session, request("GET", b""), address, "", CALL_TIMEOUT_S,
                                                  1 << 20, r, slot))
-        await until(lambda: slot.watchers)
+        await until(lambda: slot.watches)
         await r.update("c1", "stopping")  # routed to no more, but its calls go on while it stops
         assert "c1" not in r.containers and r.leaving == {"c1": slot}
         await asyncio.sleep(0.2)
@@ -131,7 +137,7 @@ async def test_a_streamed_answer_is_broken_off_when_its_container_ends():
         body = response.body_iterator
         assert await body.__anext__() == b"first"
         rest = asyncio.create_task(body.__anext__())
-        await until(lambda: slot.watchers)
+        await until(lambda: slot.watches)
         await r.update("c1", "failed", reason="killed")
         async with asyncio.timeout(CUT_WITHIN_S):
             with pytest.raises(proxy.Cut, match="killed"):
@@ -147,12 +153,12 @@ async def test_the_caller_hanging_up_still_cancels_the_call():
     slot = await r.acquire(5, never_requested)
     async with server, aiohttp.ClientSession() as session:
         call = asyncio.create_task(proxy.forward(session, request(), address, "", CALL_TIMEOUT_S, 1 << 20, r, slot))
-        await until(lambda: slot.watchers)
+        await until(lambda: slot.watches)
         call.cancel()
         with pytest.raises(asyncio.CancelledError):
             await call
         await r.update("c1", "failed", reason="later")  # ends no call: none waits on it
-    assert slot.inflight == 0 and not slot.watchers
+    assert slot.inflight == 0 and not slot.watches
 
 
 async def test_a_connection_reset_while_the_container_stops_is_a_cut_a_get_may_resend():
@@ -170,14 +176,42 @@ async def test_a_connection_reset_while_the_container_stops_is_a_cut_a_get_may_r
         assert not isinstance(broken.value, proxy.Cut)
 
 
-async def test_a_slot_already_ended_is_cut_before_anything_is_sent():
-    r = await ready_router("http://127.0.0.1:9")
+async def test_a_call_to_a_container_already_ended_is_cut_after_the_grace():
+    server, address = await container(silent)
+    r = await ready_router(address)
     slot = await r.acquire(5, never_requested)
     await r.update("c1", "failed", reason="gone")
-    async with aiohttp.ClientSession() as session:
-        with pytest.raises(proxy.Cut, match="gone"):
-            await proxy.forward(session, request(), slot.address, "", CALL_TIMEOUT_S, 1 << 20, r, slot)
-    assert slot.inflight == 0
+    async with server, aiohttp.ClientSession() as session:
+        async with asyncio.timeout(CUT_WITHIN_S):
+            with pytest.raises(proxy.Cut, match="gone"):
+                await proxy.forward(session, request(), address, "", CALL_TIMEOUT_S, 1 << 20, r, slot)
+    assert slot.inflight == 0 and not slot.watches
+
+
+async def test_what_a_container_sent_just_before_it_ended_is_still_read():
+    more = asyncio.Event()
+
+    async def late_tail(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nfirst\r\n")
+        await more.wait()  # the rest is on its way when the end is heard
+        writer.write(b"4\r\nlast\r\n0\r\n\r\n")
+        await writer.drain()
+
+    server, address = await container(late_tail)
+    r = await ready_router(address)
+    slot = await r.acquire(5, never_requested)
+    async with server, aiohttp.ClientSession() as session:
+        response = await proxy.forward(session, request(), address, "", CALL_TIMEOUT_S, 1 << 20, r, slot)
+        got = [await response.body_iterator.__anext__()]
+        rest = asyncio.create_task(response.body_iterator.__anext__())
+        await until(lambda: slot.watches)
+        await r.update("c1", "stopped", reason="scaled in")
+        more.set()
+        got.append(await rest)
+        with pytest.raises(StopAsyncIteration):
+            await response.body_iterator.__anext__()
+    assert got == [b"first", b"last"] and slot.inflight == 0
 
 
 async def test_a_re_requested_container_cuts_the_calls_to_its_old_address():
@@ -186,7 +220,7 @@ async def test_a_re_requested_container_cuts_the_calls_to_its_old_address():
     slot = await r.acquire(5, never_requested)
     async with server, aiohttp.ClientSession() as session:
         call = asyncio.create_task(proxy.forward(session, request(), address, "", CALL_TIMEOUT_S, 1 << 20, r, slot))
-        await until(lambda: slot.watchers)
+        await until(lambda: slot.watches)
         await r.update("c1", "requested")  # its worker was lost: it starts again elsewhere
         async with asyncio.timeout(CUT_WITHIN_S):
             with pytest.raises(proxy.Cut, match="lost"):
