@@ -9,7 +9,6 @@ caller may send the call elsewhere; one that took the call and gave no answer ra
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from typing import Any, AsyncIterator, Awaitable, Callable
 
@@ -49,27 +48,31 @@ class Cut(NotAnswered):
         self.ended = ended
 
 
-@contextlib.asynccontextmanager
-async def cut_if_ended(slot: Slot) -> AsyncIterator[None]:
+class cut_if_ended:  # noqa: N801 - used as `async with cut_if_ended(slot):`, like asyncio.timeout
     """Run the block, unless it still waits CUT_GRACE_S after `slot`'s container ended (router.Watch
     cancels this task then): Cut. As asyncio.timeout does, a cancellation from elsewhere (the caller
-    hung up) still comes out as one."""
-    task = asyncio.current_task()
-    assert task is not None
-    watch = Watch(task)
-    slot.watches.add(watch)
-    if slot.ended:
-        watch.arm()
-    try:
-        yield
-    except asyncio.CancelledError:
-        if watch.cut and task.uncancel() == 0:
-            raise Cut(f"the container {slot.container_id} ended before it answered ({slot.ended})",
-                      slot.ended) from None
-        raise
-    finally:
+    hung up) still comes out as one. A class, not a generator: it wraps every proxied call."""
+
+    __slots__ = ("slot", "watch")
+
+    def __init__(self, slot: Slot) -> None:
+        self.slot = slot
+
+    async def __aenter__(self) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self.watch = Watch(task)
+        self.slot.watches.add(self.watch)
+        if self.slot.ended:
+            self.watch.arm()
+
+    async def __aexit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
+        slot, watch = self.slot, self.watch
         slot.watches.discard(watch)
         watch.disarm()
+        if watch.cut and kind is not None and issubclass(kind, asyncio.CancelledError) and watch.task.uncancel() == 0:
+            raise Cut(f"the container {slot.container_id} ended before it answered ({slot.ended})",
+                      slot.ended) from None
 
 
 NOT_DELIVERED = (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError)
