@@ -20,6 +20,7 @@ from aiohttp import web
 from test_gateway_routes import OTHER, USER, WORKER, gw, spec_json  # noqa: F401
 
 from levers9.contracts import events as E
+from levers9.gateway import router as gateway_router
 
 ROWS = "AND status='active' ORDER BY version DESC"
 CONTAINERS = "AND deployment_id=$2 AND status NOT IN"
@@ -209,6 +210,28 @@ async def test_an_idle_connection_is_closed_with_1001(gw):  # noqa: F811
             msg = await asyncio.wait_for(ws.receive(), 5)
             assert msg.type == aiohttp.WSMsgType.CLOSE and msg.data == 1001 and "no message" in msg.extra
         assert await asyncio.wait_for(container.closed.get(), 5) == 1001
+
+
+async def test_a_connection_to_a_container_that_ended_is_closed_with_1011_and_its_reason(gw, monkeypatch):  # noqa: F811
+    """A container killed with its connection left open (out of memory, its network torn down) would
+    hold the client's WebSocket until the idle timeout: its end cuts it, with the container's reason."""
+    monkeypatch.setattr(gateway_router, "CUT_GRACE_S", 0.2)
+    container = Container()
+    gw.pool.answer(ROWS, [row()])
+    async with served(gw, container) as base:
+        async with connected(base + "/endpoint/web") as ws:
+            await ws.send_str("hi")
+            assert await ws.receive_str() == "hi"
+            router = gw.routers["default/web-v1"]
+            slot = router.containers["c1"]
+            await router.update("c1", "failed", reason="out of memory")  # the container never closes its side
+            msg = await asyncio.wait_for(ws.receive(), 5)
+            assert msg.type == aiohttp.WSMsgType.CLOSE and msg.data == 1011 and "out of memory" in msg.extra
+        for _ in range(100):
+            if slot.inflight == 0:
+                break
+            await asyncio.sleep(0.02)
+        assert slot.inflight == 0 and not slot.watches
 
 
 async def test_the_apps_refusal_of_the_upgrade_reaches_the_client(gw):  # noqa: F811
