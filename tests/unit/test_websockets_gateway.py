@@ -225,7 +225,7 @@ async def test_a_connection_to_a_container_that_ended_is_closed_with_1011_and_it
             router = gw.routers["default/web-v1"]
             slot = router.containers["c1"]
             await router.update("c1", "failed", reason="out of memory")  # the container never closes its side
-            msg = await asyncio.wait_for(ws.receive(), 5)
+            msg = await asyncio.wait_for(ws.receive(), 30)
             assert msg.type == aiohttp.WSMsgType.CLOSE and msg.data == 1011 and "out of memory" in msg.extra
         for _ in range(100):
             if slot.inflight == 0:
