@@ -9,18 +9,21 @@ reads the call and never answers, or answers a part and stops, or resets the con
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 import struct
-from typing import Awaitable, Callable
+from dataclasses import dataclass
+from typing import AsyncIterator, Awaitable, Callable
 
 import aiohttp
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from starlette.requests import Request
+from starlette.responses import Response
 
 from levers9.gateway import proxy, router
-from levers9.gateway.router import DeploymentRouter
+from levers9.gateway.router import DeploymentRouter, Slot
 from levers9.gateway.routes_invoke import resend_cut
 
 CALL_TIMEOUT_S = 120.0  # the call's own timeout: a cut must come long before it
@@ -93,99 +96,102 @@ async def until(condition: Callable[[], bool]) -> None:
             await asyncio.sleep(0.01)
 
 
-async def test_a_call_to_a_container_killed_out_of_memory_is_cut_with_its_reason():
-    server, address = await container(silent)
+@dataclass
+class Placed:
+    """A call's slot on container c1 (a real server running `handler`), and the means to send it."""
+    router: DeploymentRouter
+    slot: Slot
+    address: str
+    session: aiohttp.ClientSession
+
+    async def forward(self, method: str = "POST", body: bytes = b"{}", slot: Slot | None = None) -> Response:
+        return await proxy.forward(self.session, request(method, body), self.address, "", CALL_TIMEOUT_S, 1 << 20,
+                                   self.router, slot or self.slot)
+
+    async def sent(self, method: str = "POST", body: bytes = b"{}") -> asyncio.Task:
+        """The call, under way and waiting for its answer."""
+        call = asyncio.create_task(self.forward(method, body))
+        await until(lambda: self.slot.watches)
+        return call
+
+
+@contextlib.asynccontextmanager
+async def placed(handler: Handler) -> AsyncIterator[Placed]:
+    server, address = await container(handler)
     r = await ready_router(address)
     slot = await r.acquire(5, never_requested)
     async with server, aiohttp.ClientSession() as session:
-        call = asyncio.create_task(proxy.forward(session, request(), address, "", CALL_TIMEOUT_S, 1 << 20, r, slot))
-        await until(lambda: slot.watches)  # the call is sent and waits for its answer
-        await r.update("c1", "failed", reason="out of memory (the kernel's OOM killer ended it)")
-        async with asyncio.timeout(CUT_WITHIN_S):
-            with pytest.raises(proxy.Cut, match="out of memory") as cut:
-                await call
-    assert cut.value.ended.startswith("failed") and not resend_cut("POST", True, cut.value.ended)
-    assert slot.inflight == 0 and not slot.watches and not r.leaving
+        yield Placed(r, slot, address, session)
+
+
+async def cut(call: Awaitable[object], match: str | None = None) -> proxy.Cut:
+    async with asyncio.timeout(CUT_WITHIN_S):
+        with pytest.raises(proxy.Cut, match=match) as caught:
+            await call
+    return caught.value
+
+
+async def test_a_call_to_a_container_killed_out_of_memory_is_cut_with_its_reason():
+    async with placed(silent) as p:
+        call = await p.sent()
+        await p.router.update("c1", "failed", reason="out of memory (the kernel's OOM killer ended it)")
+        ended = (await cut(call, "out of memory")).ended
+    assert ended.startswith("failed") and not resend_cut("POST", True, ended)
+    assert p.slot.inflight == 0 and not p.slot.watches and not p.router.leaving
 
 
 async def test_a_call_to_a_stopping_container_is_cut_when_it_stops_and_a_get_goes_elsewhere():
-    server, address = await container(silent)
-    r = await ready_router(address)
-    slot = await r.acquire(5, never_requested)
-    async with server, aiohttp.ClientSession() as session:
-        call = asyncio.create_task(proxy.forward(session, request("GET", b""), address, "", CALL_TIMEOUT_S,
-                                                 1 << 20, r, slot))
-        await until(lambda: slot.watches)
-        await r.update("c1", "stopping")  # routed to no more, but its calls go on while it stops
-        assert "c1" not in r.containers and r.leaving == {"c1": slot}
+    async with placed(silent) as p:
+        call = await p.sent("GET", b"")
+        await p.router.update("c1", "stopping")  # routed to no more, but its calls go on while it stops
+        assert "c1" not in p.router.containers and p.router.leaving == {"c1": p.slot}
         await asyncio.sleep(0.2)
         assert not call.done()
-        await r.update("c1", "stopped", reason="idle")
-        async with asyncio.timeout(CUT_WITHIN_S):
-            with pytest.raises(proxy.Cut) as cut:
-                await call
-    assert resend_cut("GET", True, cut.value.ended) and not resend_cut("POST", True, cut.value.ended)
-    assert not r.leaving and slot.inflight == 0
+        await p.router.update("c1", "stopped", reason="idle")
+        ended = (await cut(call)).ended
+    assert resend_cut("GET", True, ended) and not resend_cut("POST", True, ended)
+    assert not p.router.leaving and p.slot.inflight == 0
 
 
 async def test_a_streamed_answer_is_broken_off_when_its_container_ends():
-    server, address = await container(half_answer)
-    r = await ready_router(address)
-    slot = await r.acquire(5, never_requested)
-    async with server, aiohttp.ClientSession() as session:
-        response = await proxy.forward(session, request(), address, "", CALL_TIMEOUT_S, 1 << 20, r, slot)
+    async with placed(half_answer) as p:
+        response = await p.forward()
         body = response.body_iterator
         assert await body.__anext__() == b"first"
         rest = asyncio.create_task(body.__anext__())
-        await until(lambda: slot.watches)
-        await r.update("c1", "failed", reason="killed")
-        async with asyncio.timeout(CUT_WITHIN_S):
-            with pytest.raises(proxy.Cut, match="killed"):
-                await rest
-        assert slot.inflight == 0  # Starlette runs no background after a stream that failed
+        await until(lambda: p.slot.watches)
+        await p.router.update("c1", "failed", reason="killed")
+        await cut(rest, "killed")
+        assert p.slot.inflight == 0  # Starlette runs no background after a stream that failed
         await response.background()
-    assert slot.inflight == 0  # released once
+    assert p.slot.inflight == 0  # released once
 
 
 async def test_the_caller_hanging_up_still_cancels_the_call():
-    server, address = await container(silent)
-    r = await ready_router(address)
-    slot = await r.acquire(5, never_requested)
-    async with server, aiohttp.ClientSession() as session:
-        call = asyncio.create_task(proxy.forward(session, request(), address, "", CALL_TIMEOUT_S, 1 << 20, r, slot))
-        await until(lambda: slot.watches)
+    async with placed(silent) as p:
+        call = await p.sent()
         call.cancel()
         with pytest.raises(asyncio.CancelledError):
             await call
-        await r.update("c1", "failed", reason="later")  # ends no call: none waits on it
-    assert slot.inflight == 0 and not slot.watches
+        await p.router.update("c1", "failed", reason="later")  # ends no call: none waits on it
+    assert p.slot.inflight == 0 and not p.slot.watches
 
 
 async def test_a_connection_reset_while_the_container_stops_is_a_cut_a_get_may_resend():
-    server, address = await container(reset)
-    r = await ready_router(address)
-    slot = await r.acquire(5, never_requested)
-    async with server, aiohttp.ClientSession() as session:
-        await r.update("c1", "stopping")
-        with pytest.raises(proxy.Cut, match="was stopping") as cut:
-            await proxy.forward(session, request("GET", b""), address, "", CALL_TIMEOUT_S, 1 << 20, r, slot)
-        assert resend_cut("GET", True, cut.value.ended)
-        slot = await (await ready_router(address)).acquire(5, never_requested)
+    async with placed(reset) as p:
+        await p.router.update("c1", "stopping")
+        assert resend_cut("GET", True, (await cut(p.forward("GET", b""), "was stopping")).ended)
+        ready = await (await ready_router(p.address)).acquire(5, never_requested)
         with pytest.raises(proxy.NotAnswered) as broken:  # a ready container's reset: the call's own doing
-            await proxy.forward(session, request("GET", b""), address, "", CALL_TIMEOUT_S, 1 << 20, r, slot)
+            await p.forward("GET", b"", slot=ready)
         assert not isinstance(broken.value, proxy.Cut)
 
 
 async def test_a_call_to_a_container_already_ended_is_cut_after_the_grace():
-    server, address = await container(silent)
-    r = await ready_router(address)
-    slot = await r.acquire(5, never_requested)
-    await r.update("c1", "failed", reason="gone")
-    async with server, aiohttp.ClientSession() as session:
-        async with asyncio.timeout(CUT_WITHIN_S):
-            with pytest.raises(proxy.Cut, match="gone"):
-                await proxy.forward(session, request(), address, "", CALL_TIMEOUT_S, 1 << 20, r, slot)
-    assert slot.inflight == 0 and not slot.watches
+    async with placed(silent) as p:
+        await p.router.update("c1", "failed", reason="gone")
+        await cut(p.forward(), "gone")
+    assert p.slot.inflight == 0 and not p.slot.watches
 
 
 async def test_what_a_container_sent_just_before_it_ended_is_still_read():
@@ -198,34 +204,25 @@ async def test_what_a_container_sent_just_before_it_ended_is_still_read():
         writer.write(b"4\r\nlast\r\n0\r\n\r\n")
         await writer.drain()
 
-    server, address = await container(late_tail)
-    r = await ready_router(address)
-    slot = await r.acquire(5, never_requested)
-    async with server, aiohttp.ClientSession() as session:
-        response = await proxy.forward(session, request(), address, "", CALL_TIMEOUT_S, 1 << 20, r, slot)
+    async with placed(late_tail) as p:
+        response = await p.forward()
         got = [await response.body_iterator.__anext__()]
         rest = asyncio.create_task(response.body_iterator.__anext__())
-        await until(lambda: slot.watches)
-        await r.update("c1", "stopped", reason="scaled in")
+        await until(lambda: p.slot.watches)
+        await p.router.update("c1", "stopped", reason="scaled in")
         more.set()
         got.append(await rest)
         with pytest.raises(StopAsyncIteration):
             await response.body_iterator.__anext__()
-    assert got == [b"first", b"last"] and slot.inflight == 0
+    assert got == [b"first", b"last"] and p.slot.inflight == 0
 
 
 async def test_a_re_requested_container_cuts_the_calls_to_its_old_address():
-    server, address = await container(silent)
-    r = await ready_router(address)
-    slot = await r.acquire(5, never_requested)
-    async with server, aiohttp.ClientSession() as session:
-        call = asyncio.create_task(proxy.forward(session, request(), address, "", CALL_TIMEOUT_S, 1 << 20, r, slot))
-        await until(lambda: slot.watches)
-        await r.update("c1", "requested")  # its worker was lost: it starts again elsewhere
-        async with asyncio.timeout(CUT_WITHIN_S):
-            with pytest.raises(proxy.Cut, match="lost"):
-                await call
-    assert r.containers["c1"] is not slot and r.containers["c1"].status == "requested"
+    async with placed(silent) as p:
+        call = await p.sent()
+        await p.router.update("c1", "requested")  # its worker was lost: it starts again elsewhere
+        await cut(call, "lost")
+    assert p.router.containers["c1"] is not p.slot and p.router.containers["c1"].status == "requested"
 
 
 @given(st.sampled_from(["GET", "HEAD", "OPTIONS", "POST", "PUT", "PATCH", "DELETE"]), st.booleans(),
