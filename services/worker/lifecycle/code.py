@@ -31,7 +31,7 @@ async def fetch_code(settings: Settings, state_dir: Path, c: Running) -> Path:
     """The code archive, unpacked once per sha256. The gateway answers for this placement once
     its own projection has applied the ContainerScheduled (`seq`). Two starts of the same code at
     once (one app's endpoints share it) fetch it once: each unpacked into one shared temporary dir
-    that the first to finish renamed away under the other (CI: a container failed with
+    that the first to finish renamed away under the other (an e2e run: a container failed with
     FileNotFoundError on `code/SHA.tmpPID`)."""
     assert c.spec is not None
     sha = c.spec.code.sha256
