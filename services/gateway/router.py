@@ -22,9 +22,9 @@ from dataclasses import dataclass, field
 from typing import Awaitable, Callable
 
 from levers9.contracts.autoscaling import starts_for_waiting
+from levers9.runtime.views import ENDED  # its process is gone
 
 LIVE = {"requested", "pending", "scheduled", "starting", "ready"}
-ENDED = ("stopped", "failed")  # levers9.runtime.views.ENDED: its process is gone
 
 
 class NoCapacity(Exception):
