@@ -21,6 +21,7 @@ from fastapi import FastAPI, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from tenacity import AsyncRetrying, stop_after_delay, wait_exponential
 
+from . import telemetry
 from .bus import Bus
 from .bus_auth import BusAuth
 from .config import Settings, unknown_warning
@@ -148,7 +149,10 @@ class Service:
         return True
 
     def app(self) -> FastAPI:
-        app = FastAPI(title=f"levers9 {self.name}", version="0.1.0")
+        web = telemetry.web_telemetry(self.settings.telemetry.otel_exporter)
+        app = FastAPI(title=f"levers9 {self.name}", version="0.1.0", telemetry=web)
+        if not web["tracing"]:
+            app.add_middleware(telemetry.RequestTrace)
 
         @app.get("/healthz")
         async def healthz(response: Response) -> dict[str, Any]:

@@ -15,7 +15,6 @@ from starlette.requests import HTTPConnection
 from levers9.runtime.tokens import token_hash
 
 from .callers import Caller
-from .deps import Gateway
 from .state import Gateway as GatewayState
 
 ADMIN_WORKSPACE = "default"
@@ -67,13 +66,14 @@ async def lookup(gw: GatewayState, secret: str) -> Caller | None:
     return found
 
 
-async def caller(conn: HTTPConnection, gw: Gateway) -> Caller:
+async def caller(conn: HTTPConnection) -> Caller:
     """The bearer token's caller, for an HTTP request and a WebSocket upgrade alike (a refusal
-    before a WebSocket is accepted is its HTTP answer: 401)."""
+    before a WebSocket is accepted is its HTTP answer: 401). `user` and `admin` call it rather than
+    depend on it: each level of FastAPI dependencies is solved again on every request (warm calls)."""
     secret = bearer_secret(conn.headers.get("authorization", ""))
     if not secret:
         raise HTTPException(401, MISSING, headers=CHALLENGE)
-    found = await lookup(gw, secret)
+    found = await lookup(conn.app.state.gateway, secret)
     if found is None:
         raise HTTPException(401, UNKNOWN, headers=CHALLENGE)
     return found
@@ -82,14 +82,16 @@ async def caller(conn: HTTPConnection, gw: Gateway) -> Caller:
 AnyCaller = Annotated[Caller, Depends(caller)]
 
 
-async def user(c: AnyCaller) -> Caller:
+async def user(conn: HTTPConnection) -> Caller:
+    c = await caller(conn)
     refusal = user_refusal(c)
     if refusal:
         raise HTTPException(403, refusal)
     return c
 
 
-async def admin(c: AnyCaller) -> Caller:
+async def admin(conn: HTTPConnection) -> Caller:
+    c = await caller(conn)
     refusal = admin_refusal(c)
     if refusal:
         raise HTTPException(403, refusal)

@@ -47,9 +47,12 @@ from .task_runner import TaskRunner
 from .views_events import CallsView, EventsView
 from .views_tasks import TasksView
 
-ROUTERS = (routes_tokens, routes_catalogues, routes_scaling, routes_deployments, routes_images, routes_containers, routes_checkpoints, routes_workers,
-           routes_internal, routes_functions, routes_invoke, routes_volumes, routes_clusters, routes_events, routes_calls,
-           routes_stats, routes_tasks, routes_boxes, routes_websockets, routes_sandboxes)
+# the calls' routes first: a request is matched against the routes in this order, and an endpoint's,
+# a task's or a function's call is most of the traffic (no path of theirs overlaps another module's)
+ROUTERS = (routes_invoke, routes_tasks, routes_functions, routes_tokens, routes_catalogues, routes_scaling,
+           routes_deployments, routes_images, routes_containers, routes_checkpoints, routes_workers, routes_internal,
+           routes_volumes, routes_clusters, routes_events, routes_calls, routes_stats, routes_boxes, routes_websockets,
+           routes_sandboxes)
 
 
 class GatewayService(Gateway):

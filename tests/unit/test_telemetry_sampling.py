@@ -27,3 +27,40 @@ def test_spans_are_recorded_only_when_exported_and_their_trace_always_goes_on(ex
     assert ctx.is_valid and f"{ctx.trace_id:032x}" == "0af7651916cd43dd8448eb211c80319c"
     assert passed_on["traceparent"].split("-")[1] == "0af7651916cd43dd8448eb211c80319c"
     assert recorded is recording
+
+
+def web_app(exporter: str):
+    """A FastAPI app as a service builds it (libs/runtime/service.py), answering the trace id it ran in."""
+    from fastapi import FastAPI
+    from opentelemetry import trace
+
+    from levers9.runtime.telemetry import RequestTrace, web_telemetry
+
+    config = web_telemetry(exporter)
+    app = FastAPI(telemetry=config)
+    if not config["tracing"]:
+        app.add_middleware(RequestTrace)
+
+    @app.get("/t")
+    async def traced() -> dict[str, str]:
+        ctx = trace.get_current_span().get_span_context()
+        return {"trace_id": f"{ctx.trace_id:032x}" if ctx.is_valid else ""}
+    return app
+
+
+def test_without_an_exporter_a_request_still_runs_in_its_callers_trace_or_a_new_one():
+    from fastapi.testclient import TestClient
+
+    with TestClient(web_app("none")) as client:
+        assert client.get("/t", headers=CALLER).json()["trace_id"] == "0af7651916cd43dd8448eb211c80319c"
+        first, second = (client.get("/t").json()["trace_id"] for _ in range(2))
+        assert first and second and first != second  # a new trace each, not none and not a shared one
+        broken = client.get("/t", headers={"traceparent": "00-zz-yy-01"}).json()["trace_id"]
+        assert broken and broken != first
+
+
+def test_with_an_exporter_fastapi_records_the_server_span_itself():
+    from levers9.runtime.telemetry import web_telemetry
+
+    assert web_telemetry("console")["tracing"] is True
+    assert web_telemetry("none")["tracing"] is False
