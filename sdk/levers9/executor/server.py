@@ -238,7 +238,10 @@ class ExecutorServer:
 
     def _call(self, sock: socket.socket, request: CallRequest, body: bytes) -> None:
         guard, channel, done = Guard(), Channel(sock), threading.Event()
-        watcher = threading.Thread(target=self._watch, args=(sock, guard, channel, done, request),
+        # the watcher polls this pipe beside the socket: a byte in it ends the watch at once (waiting
+        # for its poll's timeout held every call's connection, hence the relay's, POLL_S longer)
+        wake_r, wake_w = os.pipe()
+        watcher = threading.Thread(target=self._watch, args=(sock, guard, channel, done, request, wake_r),
                                    name="levers9-watch", daemon=True)
         watcher.start()
         started = time.monotonic()
@@ -246,25 +249,31 @@ class ExecutorServer:
             outcome = self._run_in_slot(request, body, guard, channel)
         finally:
             done.set()
+            os.write(wake_w, b"x")
         gone = guard.reason == CALLER_GONE
         if not gone:
             channel.send(outcome.header, outcome.body)
         channel.close()
         watcher.join(POLL_S * 5)
+        os.close(wake_r)
+        os.close(wake_w)
         how = "ok" if outcome.header["ok"] else (outcome.header["reason"] or outcome.header["error_type"])
         log(f"call {request.call_id or '-'} {CALLER_GONE if gone else how} {1000 * (time.monotonic() - started):.1f}ms")
 
     def _watch(self, sock: socket.socket, guard: Guard, channel: Channel, done: threading.Event,
-               request: CallRequest) -> None:
-        """Until the call is done: a cancel frame, the connection closing, or the deadline stops it."""
+               request: CallRequest, wake: int) -> None:
+        """Until the call is done (`wake` becomes readable then): a cancel frame, the connection
+        closing, or the deadline stops it."""
         poller = select.poll()  # not select.select: a descriptor over FD_SETSIZE would break it
         poller.register(sock, select.POLLIN)
+        poller.register(wake, select.POLLIN)
         while not done.is_set():
             if guard.deadline is not None and time.monotonic() >= guard.deadline:
                 guard.stop(self._cancel_reason({"reason": "timeout"}, request))
             try:
-                if not poller.poll(POLL_S * 1000):
-                    continue
+                ready = poller.poll(POLL_S * 1000)
+                if not ready or any(fd == wake for fd, _ in ready):
+                    continue  # the deadline, or done: the loop looks again
                 header, _ = wire.read_frame(sock)
             except (wire.ProtocolError, OSError, ValueError):
                 if not done.is_set():  # (a caller that closes once it has the result is not gone early)
