@@ -33,6 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from .bridge_mac import bridge_mac
+
 NETNS_DIR = Path("/run/netns")
 LOCK = Path("/run/levers9/hosts.lock")
 PORTS_DIR = Path("/run/levers9/underlay")  # <bridge>/<owner>.ports: what each home publishes on it
@@ -233,6 +235,9 @@ def ensure_underlay(bridge: str, hosts_subnet: str, urls: Iterable[str], owner: 
     gw = str(gateway_of(hosts_subnet))
     if not _link_exists(bridge):
         _run("ip", "link", "add", bridge, "type", "bridge")
+    mac = bridge_mac(bridge)  # never the lowest of its ports' (levers9.runtime.bridge_mac says why)
+    if mac not in _run("ip", "-o", "link", "show", "dev", bridge).stdout:
+        _run("ip", "link", "set", "dev", bridge, "address", mac)
     have = _run("ip", "-o", "-4", "addr", "show", "dev", bridge).stdout
     if f" {gw}/{net.prefixlen} " not in have:
         _run("ip", "addr", "add", f"{gw}/{net.prefixlen}", "dev", bridge)

@@ -280,3 +280,28 @@ def test_only_a_proxied_member_reaches_the_proxy_and_it_reaches_only_allowed_ind
                 world["ipam"].release_owned(cid, tmp_path)
 
         asyncio.run(detach())
+
+
+def test_the_bridge_keeps_its_own_mac_as_ports_come_and_go(world):
+    """A bridge given no address takes the lowest MAC of its ports: a container (of any worker)
+    joining with a lower one changed it, and the others' ARP caches pointed at a port, not the host,
+    for ~30 s (their answers to the gateway were retransmitted into nothing). Ours keeps a set one."""
+    from levers9.runtime.bridge_mac import bridge_mac
+
+    def mac() -> str:
+        return json.loads(subprocess.run(["ip", "-j", "link", "show", "dev", BRIDGE], capture_output=True,
+                                         text=True, check=True).stdout)[0]["address"]
+
+    assert mac() == bridge_mac(BRIDGE)
+    low, peer = "l9fwtlow0", "l9fwtlow1"
+    subprocess.run(["ip", "link", "add", low, "address", "02:00:00:00:00:01", "type", "veth", "peer", "name", peer],
+                   check=True)
+    try:
+        subprocess.run(["ip", "link", "set", low, "master", BRIDGE], check=True)
+        subprocess.run(["ip", "link", "set", low, "up"], check=True)
+        assert mac() == bridge_mac(BRIDGE), "a port with a lower MAC joined and the bridge took its MAC"
+    finally:
+        subprocess.run(["ip", "link", "del", low], check=False)
+    assert mac() == bridge_mac(BRIDGE)
+    asyncio.run(network.ensure_bridge(BRIDGE, SUBNET))  # again, as each worker's start does: no change
+    assert mac() == bridge_mac(BRIDGE)

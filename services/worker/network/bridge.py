@@ -26,6 +26,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from levers9.runtime.bridge_mac import bridge_mac
+
 from . import firewall, hosts
 
 IPAM_ROOT = Path("/run/levers9/ipam")
@@ -239,6 +241,9 @@ async def ensure_bridge(name: str, subnet: str) -> ipaddress.IPv4Interface:
         if not await link_exists(name):
             await ip("link", "add", name, "type", "bridge")
         current = json.loads(await ip("-j", "addr", "show", "dev", name) or "[]")
+        mac = bridge_mac(name)  # never the lowest of its ports' (levers9.runtime.bridge_mac says why)
+        if any(entry.get("address") != mac for entry in current):
+            await ip("link", "set", "dev", name, "address", mac)
         have = {f"{a['local']}/{a['prefixlen']}" for entry in current
                 for a in entry.get("addr_info", []) if a.get("family") == "inet"}
         if str(addr) not in have:
