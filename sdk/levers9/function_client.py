@@ -37,7 +37,7 @@ from levers9.function_errors import (
     PythonVersionError,
     platform_error,
 )
-from levers9.runtime.config import SettingError, Settings
+from levers9.runtime.config import SettingError, Settings, default_home
 
 PROTOCOL = 1  # Hello.protocol: functions.proto's PROTOCOL
 MAX_MESSAGE = 16 << 20  # gRPC messages, both ways
@@ -71,7 +71,7 @@ def _settings_source() -> tuple[Any, ...]:
     """What the client's settings are read from: the LEVERS9_* variables, the home, and the profile
     file's identity and last change (a `levers9 up` that rewrites it is seen by the next call)."""
     env = tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith("LEVERS9_")))
-    profile = Path(os.environ.get("LEVERS9_HOME") or Path.home() / ".levers9").expanduser() / "config.toml"
+    profile = default_home() / "config.toml"  # where Settings.load reads it
     try:
         st = profile.stat()
         stamp: tuple[int, ...] = (st.st_ino, st.st_size, st.st_mtime_ns)
